@@ -1,0 +1,71 @@
+"""The composition root: the one place that builds and wires every part of the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from backends.registry import adapter_for
+
+from .handlers import Handlers, error_middleware
+from .health import HealthPoller
+from .metrics import Recorder
+from .pool import BackendState, Pool
+from .proxy import Proxy
+from .settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", Pool)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+def build_pool(settings: Settings) -> Pool:
+    states = [
+        BackendState(config=b, adapter=adapter_for(b.runtime, chat_template=b.chat_template))
+        for b in settings.backends
+    ]
+    return Pool(states, failure_threshold=settings.health.failure_threshold, cooldown_s=settings.health.cooldown_s)
+
+
+async def build_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> web.Application:
+    """Build the gateway application; must run inside the event loop that will serve it."""
+    registry = registry if registry is not None else CollectorRegistry()
+    rng = rng if rng is not None else random.Random()
+    pool = build_pool(settings)
+    recorder = Recorder(registry, pool)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    proxy = Proxy(settings, pool, recorder, session, clock=clock, rng=rng)
+    poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.limits.max_body_bytes)
+    app[SETTINGS] = settings
+    app[POOL] = pool
+    app[REGISTRY] = registry
+    Handlers(proxy, pool, registry).install(app)
+
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        await poller.poll_once()
+        task = asyncio.create_task(poller.run(), name="health-poller")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await session.close()
+
+    app.cleanup_ctx.append(lifetime)
+    return app

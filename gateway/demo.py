@@ -1,0 +1,71 @@
+"""The embedded demo: a small mixed fleet of emulated runtimes and a gateway config in front of it.
+
+`gateway serve` with no `--config` starts this, so a new user sees a working multi-runtime gateway in
+seconds. The same fleet, run as separate processes, is `config/demo.yaml`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.emulator.fleet import DEMO_FLEET, start_fleet
+
+from backends.emulator import RunningEmulator
+
+from .settings import Settings, parse_settings
+
+DEMO_MODEL = "deepseek-v3"
+DEMO_SPEED = 1.0
+
+
+@dataclass
+class Demo:
+    settings: Settings
+    emulators: list[RunningEmulator]
+
+    async def stop(self) -> None:
+        for emu in self.emulators:
+            await emu.stop()
+
+    def banner(self, url: str) -> str:
+        names = ", ".join(f"{b.name} ({b.runtime.value})" for b in self.settings.backends)
+        return f"""
+Demo fleet: {names}.
+Point any OpenAI SDK at it:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="{url}/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model="{DEMO_MODEL}",
+        messages=[{{"role": "user", "content": "Which runtime served me?"}}],
+    )
+    print(reply.choices[0].message.content)
+
+Backends and their live load: {url}/admin/backends    Prometheus: {url}/metrics
+"""
+
+
+async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> Demo:
+    emulators = await start_fleet(DEMO_FLEET, speed=speed, host=host)
+    backends = []
+    for spec, emu in zip(DEMO_FLEET, emulators, strict=True):
+        entry: dict[str, object] = {
+            "name": spec.name,
+            "runtime": spec.runtime.value,
+            "url": emu.url,
+            "model": spec.model,
+            "usd_per_hour": emu.usd_per_hour,
+        }
+        if emu.metrics_url != emu.url:
+            entry["metrics_url"] = emu.metrics_url
+        backends.append(entry)
+    settings = parse_settings(
+        {
+            "listen": {"host": host, "port": 8080},
+            "backends": backends,
+            "routes": [{"model": DEMO_MODEL, "backends": [b["name"] for b in backends], "policy": "least_load"}],
+            "health": {"interval_s": 1.0},
+        },
+        source="<embedded demo>",
+    )
+    return Demo(settings, emulators)

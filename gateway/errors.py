@@ -1,0 +1,123 @@
+"""The gateway's one exception tree, rendered as OpenAI error JSON.
+
+GatewayError                      anything the client sees as an OpenAI error body
+├── InvalidRequest      400       malformed JSON, wrong types, missing fields
+├── BodyTooLarge        413
+├── ModelNotFound       404       model_not_found
+├── NoHealthyBackend    503       with Retry-After
+└── UpstreamError       (status)  a backend's own error, normalised, with the backend's status
+
+BackendError                      a failure talking to one backend (never shown raw to clients)
+├── BackendConnectError           refused / reset before any byte: retryable
+├── BackendTimeout                connect, first-token or total timeout
+├── BackendOverloaded             429 / 503 before any work: retryable
+└── BackendProtocolError          broken stream, invalid payload
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from backends.base import ErrorBody
+
+from . import jsonx
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
+
+    def render(self) -> bytes:
+        return jsonx.dumps(self.body().as_dict())
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class NoHealthyBackend(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "no_healthy_backend"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class UpstreamError(GatewayError):
+    """A backend answered with an error; the client gets its status and a normalised body."""
+
+    def __init__(self, status: int, error: ErrorBody, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(error.message, param=error.param, headers=headers)
+        self.status = status
+        self.error = error
+
+    def body(self) -> ErrorBody:
+        return self.error
+
+
+class BackendError(Exception):
+    retryable = False
+
+    def __init__(self, backend: str, detail: str = "") -> None:
+        super().__init__(f"{backend}: {detail}" if detail else backend)
+        self.backend = backend
+        self.detail = detail
+
+
+class BackendConnectError(BackendError):
+    retryable = True
+
+
+class BackendTimeout(BackendError):
+    pass
+
+
+class BackendOverloaded(BackendError):
+    """429/503 before any byte was sent to the client: the backend did no work."""
+
+    retryable = True
+
+    def __init__(self, backend: str, status: int, error: ErrorBody) -> None:
+        super().__init__(backend, f"status {status}: {error.message}")
+        self.status = status
+        self.error = error
+
+
+class BackendProtocolError(BackendError):
+    pass
+
+
+class GatewayTimeout(GatewayError):
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"

@@ -1,0 +1,123 @@
+"""aiohttp handlers and the one error middleware that renders every failure as OpenAI error JSON."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from backends.base import Endpoint
+
+from . import jsonx
+from .errors import BodyTooLarge, GatewayError, InvalidRequest
+from .pool import Pool
+from .proxy import Proxy
+
+log = logging.getLogger("gateway.handlers")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
+def json_response(obj: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=jsonx.dumps(obj), status=status, headers=headers, content_type="application/json")
+
+
+def _error_response(exc: GatewayError, request: web.Request) -> web.Response:
+    headers = dict(exc.headers)
+    request_id = request.get("request_id") or request.headers.get("x-request-id")
+    if request_id:
+        headers["x-request-id"] = request_id
+    return web.Response(body=exc.render(), status=exc.status, headers=headers, content_type="application/json")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return _error_response(exc, request)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(BodyTooLarge(f"Request body too large: {exc.text}"), request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = GatewayError(exc.reason if exc.status != 404 else f"Unknown path: {request.path}")
+        error.status = exc.status
+        error.type = _HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error")
+        response = _error_response(error, request)
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except UnicodeDecodeError:
+        return _error_response(InvalidRequest("Request body is not valid UTF-8."), request)
+
+
+class Handlers:
+    def __init__(self, proxy: Proxy, pool: Pool, registry: CollectorRegistry) -> None:
+        self._proxy = proxy
+        self._pool = pool
+        self._registry = registry
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy.serve(request, Endpoint.CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy.serve(request, Endpoint.COMPLETIONS)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "gateway"} for m in self._proxy.route_models]
+        return json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if self._pool.any_healthy():
+            return json_response({"status": "ready"})
+        return json_response({"status": "not ready", "reason": "no healthy backend"}, status=503,
+                             headers={"Retry-After": "1"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(self._registry), headers={"Content-Type": content_type})
+
+    async def admin_backends(self, request: web.Request) -> web.Response:
+        backends = []
+        for s in self._pool:
+            load = s.load
+            backends.append({
+                "name": s.name,
+                "runtime": s.config.runtime.value,
+                "url": s.config.base_url,
+                "model": s.config.model,
+                "healthy": s.healthy,
+                "probe_ok": s.probe_ok,
+                "ejected": s.ejected,
+                "consecutive_failures": s.consecutive_failures,
+                "in_flight": s.in_flight,
+                "load_score": s.view().load_score,
+                "load": {
+                    "running": load.running,
+                    "waiting": load.waiting,
+                    "kv_usage": load.kv_usage,
+                    "prefix_hit_rate": load.prefix_hit_rate,
+                    "block_size": load.block_size,
+                },
+                "usd_per_hour": s.config.usd_per_hour,
+                "last_error": s.last_error,
+            })
+        return json_response({"backends": backends})
+
+    def install(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/admin/backends", self.admin_backends)

@@ -1,0 +1,156 @@
+"""Prometheus metrics on an explicit registry: bounded labels, base units.
+
+Labels are config names only (backend, runtime, model = the route's model). Unroutable requests use
+backend="none", runtime="none", model="none" so that a client cannot mint label values.
+Backend gauges (up, in flight, engine load) are read from the pool at scrape time by a collector, so
+the request path never touches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from backends.base import Usage
+
+from .pool import Pool
+
+NONE = "none"
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One finished request, as the proxy saw it."""
+
+    backend: str
+    runtime: str
+    model: str
+    status: str  # HTTP status as a string, or "stream_error" / "client_closed"
+    duration_s: float
+    usage: Usage | None = None
+    ttft_s: float | None = None
+    gaps_s: Iterable[float] = ()
+
+
+class Recorder:
+    def __init__(self, registry: CollectorRegistry, pool: Pool) -> None:
+        base = ("backend", "runtime", "model")
+        self.requests = Counter(
+            "gateway_requests", "Requests by outcome.", (*base, "status"), registry=registry
+        )
+        self.tokens = Counter("gateway_tokens", "Tokens by kind.", (*base, "kind"), registry=registry)
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from request arrival to the first streamed event, at the gateway.",
+            base,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "gateway_inter_token_latency_seconds",
+            "Gap between consecutive streamed events, at the gateway.",
+            base,
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request arrival to the last byte sent.",
+            base,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.retries = Counter(
+            "gateway_retries", "Attempts retried on another backend.", ("backend", "runtime", "reason"),
+            registry=registry,
+        )
+        self.ejections = Counter(
+            "gateway_backend_ejections", "Circuit-breaker ejections.", ("backend", "runtime"), registry=registry
+        )
+        registry.register(_PoolCollector(pool))
+        self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+
+    def _per_backend(self, key: tuple[str, str, str]) -> tuple[Any, ...]:
+        children = self._children.get(key)
+        if children is None:
+            children = (
+                self.tokens.labels(*key, "prompt"),
+                self.tokens.labels(*key, "completion"),
+                self.tokens.labels(*key, "cached"),
+                self.ttft.labels(*key),
+                self.itl.labels(*key),
+                self.duration.labels(*key),
+            )
+            self._children[key] = children
+        return children
+
+    def record(self, o: Outcome) -> None:
+        key = (o.backend, o.runtime, o.model)
+        self.requests.labels(*key, o.status).inc()
+        prompt, completion, cached, ttft, itl, duration = self._per_backend(key)
+        duration.observe(o.duration_s)
+        if o.usage is not None:
+            prompt.inc(o.usage.prompt_tokens)
+            completion.inc(o.usage.completion_tokens)
+            if o.usage.cached_tokens:
+                cached.inc(o.usage.cached_tokens)
+        if o.ttft_s is not None:
+            ttft.observe(o.ttft_s)
+        for gap in o.gaps_s:
+            itl.observe(gap)
+
+    def retry(self, backend: str, runtime: str, reason: str) -> None:
+        self.retries.labels(backend, runtime, reason).inc()
+
+    def ejected(self, backend: str, runtime: str) -> None:
+        self.ejections.labels(backend, runtime).inc()
+
+
+class _PoolCollector:
+    """Backend gauges read from the pool when Prometheus scrapes."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["backend", "runtime"]
+        fams = {
+            "up": GaugeMetricFamily("gateway_backend_up", "1 when the backend is routable.", labels=labels),
+            "in_flight": GaugeMetricFamily(
+                "gateway_backend_in_flight", "Requests the gateway has open to the backend.", labels=labels
+            ),
+            "running": GaugeMetricFamily(
+                "gateway_backend_engine_running", "Engine-reported running requests.", labels=labels
+            ),
+            "waiting": GaugeMetricFamily(
+                "gateway_backend_engine_waiting", "Engine-reported waiting requests.", labels=labels
+            ),
+            "kv_usage": GaugeMetricFamily(
+                "gateway_backend_engine_kv_cache_usage_ratio", "Engine-reported KV-cache usage (0-1).",
+                labels=labels,
+            ),
+            "prefix_hit_rate": GaugeMetricFamily(
+                "gateway_backend_engine_prefix_cache_hit_ratio", "Engine-reported prefix-cache hit rate (0-1).",
+                labels=labels,
+            ),
+        }
+        for s in self._pool:
+            lv = [s.name, s.config.runtime.value]
+            fams["up"].add_metric(lv, 1.0 if s.healthy else 0.0)
+            fams["in_flight"].add_metric(lv, float(s.in_flight))
+            for key in ("running", "waiting", "kv_usage", "prefix_hit_rate"):
+                value = getattr(s.load, key)
+                if value is not None:
+                    fams[key].add_metric(lv, float(value))
+        yield from fams.values()

@@ -1,0 +1,128 @@
+"""The YAML configuration, validated by pydantic: frozen, unknown keys rejected, errors name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, model_validator
+
+from backends.base import Runtime
+
+PolicyName = Literal["round_robin", "least_load"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Listen(_Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+
+
+class Backend(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    runtime: Runtime
+    url: HttpUrl
+    model: Annotated[str, Field(min_length=1)]
+    usd_per_hour: Annotated[float, Field(ge=0)] | None = None
+    # Triton only: where Prometheus metrics are served (Triton uses a separate port, 8002 by default).
+    metrics_url: HttpUrl | None = None
+    # Triton only: how chat messages are rendered into `text_input`.
+    chat_template: Literal["chatml", "llama3", "plain"] = "chatml"
+    max_concurrency: Annotated[int, Field(ge=1)] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")
+
+
+class Route(_Strict):
+    model: Annotated[str, Field(min_length=1)]
+    backends: Annotated[list[str], Field(min_length=1)]
+    policy: PolicyName = "least_load"
+
+
+class Timeouts(_Strict):
+    connect_s: Annotated[float, Field(gt=0)] = 3.0
+    first_token_s: Annotated[float, Field(gt=0)] = 60.0
+    total_s: Annotated[float, Field(gt=0)] = 600.0
+
+
+class Retries(_Strict):
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+
+
+class Health(_Strict):
+    interval_s: Annotated[float, Field(gt=0)] = 1.0
+    failure_threshold: Annotated[int, Field(ge=1)] = 3  # consecutive failures that eject a backend
+    cooldown_s: Annotated[float, Field(gt=0)] = 5.0  # minimum ejection time before a probe may re-admit
+
+
+class Limits(_Strict):
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+
+
+class Settings(_Strict):
+    listen: Listen = Listen()
+    backends: Annotated[list[Backend], Field(min_length=1)]
+    routes: Annotated[list[Route], Field(min_length=1)]
+    timeouts: Timeouts = Timeouts()
+    retries: Retries = Retries()
+    health: Health = Health()
+    limits: Limits = Limits()
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Settings:
+        names = [b.name for b in self.backends]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"backends: duplicate backend names {dupes}")
+        models = [r.model for r in self.routes]
+        dupe_models = sorted({m for m in models if models.count(m) > 1})
+        if dupe_models:
+            raise ValueError(f"routes: duplicate route models {dupe_models}")
+        known = set(names)
+        for i, route in enumerate(self.routes):
+            missing = [b for b in route.backends if b not in known]
+            if missing:
+                raise ValueError(f"routes.{i}.backends: unknown backend(s) {missing}")
+        return self
+
+    def backend(self, name: str) -> Backend:
+        return next(b for b in self.backends if b.name == name)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; `errors` lists one line per problem, with its field path."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(errors))
+        self.source = source
+        self.errors = errors
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        lines.append(f"{path}: {err['msg']}")
+    return lines
+
+
+def parse_settings(data: object, *, source: str = "<config>") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc)) from exc
+
+
+def load_settings(path: str | Path) -> Settings:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"<yaml>: {exc}"]) from exc
+    return parse_settings(data, source=str(path))

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import Emulators, GatewayProcess, LoopThread
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def emulators(loop_thread: LoopThread) -> Iterator[Emulators]:
+    emus = Emulators(loop_thread)
+    yield emus
+    emus.stop_all()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def start(backends: list[dict[str, Any]], routes: list[dict[str, Any]] | None = None,
+              **extra: Any) -> GatewayProcess:
+        config: dict[str, Any] = {
+            "backends": backends,
+            "routes": routes or [{"model": "moe", "backends": [b["name"] for b in backends],
+                                  "policy": "round_robin"}],
+            "health": {"interval_s": 0.2, "failure_threshold": 2, "cooldown_s": 0.5},
+            **extra,
+        }
+        workdir = tmp_path / f"gw{len(started)}"
+        workdir.mkdir()
+        gw = GatewayProcess(config, workdir)
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()

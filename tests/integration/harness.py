@@ -1,0 +1,136 @@
+"""Real processes and real sockets for integration tests.
+
+Emulators run on an event loop in a background thread of the test process (real sockets, so the
+sync OpenAI client can call them without deadlocking the test); the gateway runs as its own process
+started with `python -m gateway serve`, exactly as a user would, and is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from backends.base import Runtime
+from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emulator
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread, for servers that sync test code talks to."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+class Emulators:
+    """Starts emulators on the loop thread and stops them all at the end."""
+
+    def __init__(self, loop: LoopThread) -> None:
+        self._loop = loop
+        self._running: list[RunningEmulator] = []
+
+    def start(
+        self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
+        **faults: Any,
+    ) -> RunningEmulator:
+        cfg = EmulatorConfig(
+            runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults)
+        )
+        emu = self._loop.run(start_emulator(cfg, host="127.0.0.1", port=0))
+        self._running.append(emu)
+        return emu
+
+    def stop(self, emu: RunningEmulator) -> None:
+        self._loop.run(emu.stop())
+        self._running.remove(emu)
+
+    def stop_all(self) -> None:
+        for emu in list(self._running):
+            self.stop(emu)
+
+
+def backend_entry(name: str, emu: RunningEmulator, runtime: Runtime | str, **extra: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "runtime": str(Runtime(runtime)), "url": emu.url,
+                             "model": "tiny-moe", **extra}
+    if emu.metrics_url != emu.url:
+        entry["metrics_url"] = emu.metrics_url
+    return entry
+
+
+class GatewayProcess:
+    """`python -m gateway serve --config FILE --port 0`, stopped by pid."""
+
+    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
+        path = workdir / "gateway.yaml"
+        path.write_text(yaml.safe_dump(dict(config)))
+        self.log_path = workdir / "gateway.log"
+        self._log = self.log_path.open("w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", "0"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the gateway prints its URL once it is listening
+        if not line.startswith("gateway listening on "):
+            self.stop()
+            raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
+        self.url = line.split()[-1]
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=30, **kwargs)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples called `name` whose labels include `labels` (0 when absent)."""
+        total = 0.0
+        for family in text_string_to_metric_families(self.get("/metrics").text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+def iter_lines(response: httpx.Response) -> Iterator[str]:
+    yield from response.iter_lines()

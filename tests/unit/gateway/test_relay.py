@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.relay import SseRelay
+
+HEAD = b'data: {"id":"c1","object":"chat.completion.chunk","model":"tiny-moe",'
+ROLE = HEAD + b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOK = HEAD + b'"choices":[{"index":0,"delta":{"content":"hi \\"usage\\""}}]}\n\n'
+USAGE = (
+    HEAD + b'"choices":[],"usage":{"prompt_tokens":7,"total_tokens":10,"completion_tokens":3,'
+    b'"prompt_tokens_details":{"cached_tokens":4}}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + TOK + TOK + USAGE + DONE
+
+
+def run(relay: SseRelay, parts: list[bytes]) -> bytes:
+    out = b"".join(relay.feed(p, float(i)) for i, p in enumerate(parts))
+    return out + relay.close()
+
+
+def events(data: bytes) -> list[bytes]:
+    return [e for e in data.split(b"\n\n") if e]
+
+
+def test_usage_chunk_is_kept_when_the_client_asked_and_model_is_rewritten() -> None:
+    relay = SseRelay(backend_model="tiny-moe", client_model="moe", include_usage=True)
+    out = run(relay, [STREAM])
+    assert out == STREAM.replace(b'"model":"tiny-moe"', b'"model":"moe"')
+    assert relay.stats.usage is not None
+    assert (relay.stats.usage.prompt_tokens, relay.stats.usage.completion_tokens) == (7, 3)
+    assert relay.stats.usage.cached_tokens == 4
+    assert relay.stats.events == 3  # role + two tokens; the usage chunk is not output
+    assert relay.stats.done
+
+
+def test_usage_chunk_is_dropped_when_the_client_did_not_ask_but_still_counted() -> None:
+    relay = SseRelay(backend_model="tiny-moe", client_model="tiny-moe", include_usage=False)
+    out = run(relay, [STREAM])
+    assert out == ROLE + TOK + TOK + DONE
+    assert relay.stats.usage is not None
+    assert relay.stats.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_output_does_not_depend_on_how_bytes_are_split(include_usage: bool) -> None:
+    whole = run(SseRelay(backend_model="tiny-moe", client_model="m", include_usage=include_usage), [STREAM])
+    for cut in range(1, len(STREAM)):
+        relay = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=include_usage)
+        assert run(relay, [STREAM[:cut], STREAM[cut:]]) == whole, cut
+        assert relay.stats.events == 3
+
+
+def test_gaps_are_measured_between_output_events() -> None:
+    relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
+    for t, chunk in [(1.0, ROLE), (1.5, TOK), (1.75, TOK), (2.0, USAGE), (2.0, DONE)]:
+        relay.feed(chunk, t)
+    assert relay.stats.first_event_at == 1.0
+    assert relay.stats.gaps == [0.5, 0.25]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", '
+        b'"param": null, "code": 500}}',
+        b'data: {"error": {"object":"error","message":"Internal server error","type":"InternalServerError",'
+        b'"param":null,"code":500}}',
+        b'data: {"error":"Internal server error"}',
+    ],
+)
+def test_error_events_are_normalised_to_the_nested_openai_shape(event: bytes) -> None:
+    relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
+    out = relay.feed(event + b"\n\n" + DONE, 0.0)
+    first = events(out)[0]
+    payload = orjson.loads(first[5:])
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
+    assert payload["error"]["message"] == "Internal server error"
+    assert relay.stats.error is not None
+    assert events(out)[1] == DONE.strip()
+
+
+def test_comments_pass_through_and_do_not_count() -> None:
+    relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
+    assert relay.feed(b": keep-alive\n\n", 0.0) == b": keep-alive\n\n"
+    assert relay.stats.events == 0
