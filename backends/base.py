@@ -54,6 +54,14 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """A translated non-streaming response body and the usage read from it (parsed once)."""
+
+    body: bytes
+    usage: Usage | None
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamRequest:
     """One HTTP request to a backend: everything the proxy needs to send it."""
 
@@ -145,16 +153,16 @@ class Adapter(Protocol):
         """Translate a client request into the backend's request. Pure."""
         ...
 
-    def stream_translator(
-        self, req: ClientRequest, *, model: str, request_id: str
-    ) -> StreamTranslator | None:
+    def stream_translator(self, req: ClientRequest, *, model: str, request_id: str) -> StreamTranslator | None:
         """A translator from the runtime's stream to OpenAI SSE, or None when the runtime already
         speaks OpenAI SSE (the gateway then relays its events, rewriting only the model name)."""
         ...
 
-    def translate_response(self, req: ClientRequest, status: int, body: bytes, *, model: str) -> bytes:
-        """Translate a non-streaming 2xx body into an OpenAI response body. `model` is the name
-        the client asked for."""
+    def translate_response(
+        self, req: ClientRequest, status: int, body: bytes, *, model: str, request_id: str
+    ) -> Reply:
+        """Translate a non-streaming 2xx body into an OpenAI response body plus its usage. `model` is
+        the name the client asked for. Raises UpstreamFormatError when the body is unusable."""
         ...
 
     def normalise_error(self, status: int, body: bytes) -> ErrorBody:

@@ -117,6 +117,12 @@ class BackendProtocolError(BackendError):
     pass
 
 
+class BadGateway(GatewayError):
+    status = 502
+    type = "server_error"
+    code = "bad_gateway"
+
+
 class GatewayTimeout(GatewayError):
     status = 504
     type = "server_error"

@@ -35,7 +35,7 @@ def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> None:
         raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
 
 
-def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
+def parse_request(raw: bytes, endpoint: Endpoint, *, created: int = 0) -> ParsedRequest:
     try:
         body = jsonx.loads(raw)
     except jsonx.JSONDecodeError as exc:
@@ -70,5 +70,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     _int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     return ParsedRequest(
         model=model,
-        request=ClientRequest(endpoint=endpoint, body=body, stream=stream, include_usage=include_usage),
+        request=ClientRequest(
+            endpoint=endpoint, body=body, stream=stream, include_usage=include_usage, created=created
+        ),
     )

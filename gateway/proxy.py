@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,16 +22,15 @@ import aiohttp
 from aiohttp import web
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_none
 
-from backends.base import Endpoint, ErrorBody, TranslationError, Usage
-from backends.openai_compat import parse_usage
+from backends.base import Endpoint, ErrorBody, TranslationError, UpstreamFormatError, Usage
 
-from . import jsonx
 from .errors import (
     BackendConnectError,
     BackendError,
     BackendOverloaded,
     BackendProtocolError,
     BackendTimeout,
+    BadGateway,
     GatewayError,
     GatewayTimeout,
     InvalidRequest,
@@ -110,7 +110,9 @@ class Proxy:
         *,
         clock: Callable[[], float],
         rng: random.Random,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self._wall_clock = wall_clock
         self._settings = settings
         self._pool = pool
         self._recorder = recorder
@@ -132,7 +134,7 @@ class Proxy:
         attempts = Attempts()
         model = NONE
         try:
-            parsed = parse_request(await request.read(), endpoint)
+            parsed = parse_request(await request.read(), endpoint, created=int(self._wall_clock()))
             route = self._routes.get(parsed.model)
             if route is None:
                 raise ModelNotFound(
@@ -242,7 +244,10 @@ class Proxy:
             raise BackendOverloaded(state.name, status, error)
         if status >= 500:
             self._failed(state, f"status {status}")
-        raise UpstreamError(status, error)
+        raise UpstreamError(
+            status, error,
+            headers={"x-gateway-backend": state.name, "x-gateway-runtime": state.config.runtime.value},
+        )
 
     def _failed(self, state: BackendState, detail: str) -> None:
         if self._pool.record_failure(state.name, self._clock(), detail):
@@ -262,20 +267,20 @@ class Proxy:
 
     def _relay_body(self, opened: Opened, parsed: ParsedRequest, request_id: str, started: float) -> web.Response:
         state = opened.state
-        body = state.adapter.translate_response(
-            parsed.request, opened.resp.status, opened.first, model=parsed.model
-        )
-        usage: Usage | None = None
-        with contextlib.suppress(jsonx.JSONDecodeError):
-            payload = jsonx.loads(body)
-            if isinstance(payload, dict):
-                usage = parse_usage(payload)
+        try:
+            reply = state.adapter.translate_response(
+                parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=request_id
+            )
+        except UpstreamFormatError as exc:
+            self._failed(state, str(exc))
+            self._record_failure(state, parsed.model, "502", started)
+            raise BadGateway(f"The backend's response could not be read: {exc}") from exc
         self._recorder.record(
             Outcome(state.name, state.config.runtime.value, parsed.model, str(opened.resp.status),
-                    self._clock() - started, usage)
+                    self._clock() - started, reply.usage)
         )
         return web.Response(
-            status=opened.resp.status, body=body,
+            status=opened.resp.status, body=reply.body,
             headers=self._headers(opened, request_id, "application/json"),
         )
 

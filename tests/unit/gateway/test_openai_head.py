@@ -35,7 +35,7 @@ def test_parses_what_routing_needs() -> None:
         (b'{"model":"m","prompt":"x","max_tokens":-1}', Endpoint.COMPLETIONS, "max_tokens"),
         (b'{"model":"m","prompt":"x","max_tokens":"10"}', Endpoint.COMPLETIONS, "max_tokens"),
         (b'{"model":"m","prompt":"x","max_tokens":true}', Endpoint.COMPLETIONS, "max_tokens"),
-        (b'\xff\xfe', Endpoint.CHAT, None),
+        (b"\xff\xfe", Endpoint.CHAT, None),
     ],
 )
 def test_client_mistakes_are_400s_naming_the_field(raw: bytes, endpoint: Endpoint, param: str | None) -> None:

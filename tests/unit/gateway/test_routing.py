@@ -13,8 +13,16 @@ RNG = random.Random(7)
 
 
 def view(name: str, *, in_flight: int = 0, waiting: float | None = None, healthy: bool = True) -> BackendView:
-    return BackendView(name=name, runtime=Runtime.VLLM, healthy=healthy, in_flight=in_flight, waiting=waiting,
-                       running=None, kv_usage=None, usd_per_hour=None)
+    return BackendView(
+        name=name,
+        runtime=Runtime.VLLM,
+        healthy=healthy,
+        in_flight=in_flight,
+        waiting=waiting,
+        running=None,
+        kv_usage=None,
+        usd_per_hour=None,
+    )
 
 
 def req(seq: int, exclude: frozenset[str] = frozenset()) -> RouteRequest:

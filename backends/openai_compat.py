@@ -1,0 +1,224 @@
+"""What vLLM, SGLang and trtllm-serve share: they already speak OpenAI, so the adapter only rewrites.
+
+Requests: the body goes through with `model` set to the backend's model and, when streaming,
+`stream_options.include_usage` forced on so the gateway always learns token usage (it strips the usage
+chunk again when the client did not ask). Responses: only the top-level `model` is rewritten back to
+the name the client used. Errors from any runtime shape are normalised to OpenAI's nested form here,
+once, for every adapter (Triton included).
+"""
+
+from __future__ import annotations
+
+import http
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from backends.base import (
+    ClientRequest,
+    Endpoint,
+    ErrorBody,
+    Load,
+    Probe,
+    Reply,
+    Runtime,
+    StreamTranslator,
+    UpstreamRequest,
+    Usage,
+)
+
+PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+_MAX_TEXT_IN_MESSAGE = 500
+
+
+class OpenAICompatAdapter:
+    """Base for the OpenAI-compatible runtimes; subclasses supply probes and `parse_load`."""
+
+    __slots__ = ("runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @property
+    def liveness(self) -> Probe:
+        return Probe("/health")
+
+    @property
+    def readiness(self) -> Probe:
+        return Probe("/health")
+
+    @property
+    def load_path(self) -> str:
+        return "/metrics"
+
+    def parse_load(self, body: bytes, previous: Load | None) -> Load:
+        raise NotImplementedError
+
+    def prepare_body(self, req: ClientRequest, *, model: str) -> dict[str, Any]:
+        """The JSON object to send. Copies, never mutates, the client's body."""
+        body = dict(req.body)
+        body["model"] = model
+        if req.stream:
+            body["stream_options"] = force_include_usage(body.get("stream_options"))
+        else:
+            # stream_options without stream: vLLM and trtllm-serve answer 400, SGLang ignores it.
+            # Dropping it everywhere makes a route behave the same whichever backend serves it.
+            body.pop("stream_options", None)
+        return body
+
+    def build_request(self, req: ClientRequest, *, model: str, request_id: str) -> UpstreamRequest:
+        return UpstreamRequest(
+            path=PATHS[req.endpoint],
+            body=orjson.dumps(self.prepare_body(req, model=model)),
+            headers={"content-type": "application/json", "x-request-id": request_id},
+        )
+
+    def stream_translator(self, req: ClientRequest, *, model: str, request_id: str) -> StreamTranslator | None:
+        return None
+
+    def translate_response(
+        self, req: ClientRequest, status: int, body: bytes, *, model: str, request_id: str
+    ) -> Reply:
+        return rewrite_model(body, model)
+
+    def normalise_error(self, status: int, body: bytes) -> ErrorBody:
+        return normalise_error(status, body)
+
+
+def force_include_usage(options: object) -> object:
+    """`stream_options` with `include_usage: true`, keeping the client's other keys.
+
+    A non-object value is returned unchanged: the runtime rejects it with its own 400, which is a
+    better answer to the client than a silent repair.
+    """
+    if options is None:
+        return {"include_usage": True}
+    if isinstance(options, dict):
+        return {**options, "include_usage": True}
+    return options
+
+
+def rewrite_model(body: bytes, model: str) -> Reply:
+    """Set the top-level `model` of a JSON object body and read its usage, parsing it once; other
+    bodies pass through untouched."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return Reply(body, None)
+    if not isinstance(obj, dict):
+        return Reply(body, None)
+    usage = parse_usage(obj)
+    if obj.get("model") == model:
+        return Reply(body, usage)
+    obj["model"] = model
+    return Reply(orjson.dumps(obj), usage)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_usage(obj: Mapping[str, Any]) -> Usage | None:
+    """Usage from a response or usage chunk; None when absent or malformed.
+
+    `cached_tokens` stays None unless the runtime reported `prompt_tokens_details.cached_tokens`
+    (vLLM and SGLang only do with a server flag), so "0 cached" and "not reported" stay distinct.
+    """
+    usage = obj.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = _int(usage.get("prompt_tokens"))
+    completion = _int(usage.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def prefix_hit_rate(hits: float | None, queries: float | None, previous: Load | None) -> float | None:
+    """Hit ratio over the last scrape interval when possible, else since the engine started.
+
+    The interval ratio needs the previous cumulative totals and a positive query delta; a counter
+    reset (engine restart) makes the delta negative, and then the cumulative ratio is the best guess.
+    """
+    if hits is None or queries is None:
+        return None
+    if previous is not None and previous.prefix_hits_total is not None and previous.prefix_queries_total is not None:
+        d_hits = hits - previous.prefix_hits_total
+        d_queries = queries - previous.prefix_queries_total
+        if d_queries > 0 and 0 <= d_hits <= d_queries:
+            return d_hits / d_queries
+    return min(1.0, hits / queries) if queries > 0 else None
+
+
+def default_error_type(status: int) -> str:
+    if status in _TYPE_BY_STATUS:
+        return _TYPE_BY_STATUS[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def _status_text(status: int) -> str:
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
+def _plain_text(body: bytes) -> str | None:
+    """A short plain-text body worth quoting (trtllm-serve's 503 text), not HTML or binary."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if not text or text.startswith("<") or len(text) > _MAX_TEXT_IN_MESSAGE or not text.isprintable():
+        return None
+    return text
+
+
+def normalise_error(status: int, body: bytes) -> ErrorBody:
+    """Map any runtime's error body to OpenAI's shape. Never raises.
+
+    Shapes handled: nested `{"error":{...}}` (vLLM >= 0.10.1, OpenAI, SGLang stream errors), flat
+    `{"object":"error","message":...}` (SGLang, trtllm-serve, old vLLM), `{"error":"text"}` (auth,
+    trtllm validation, Triton), FastAPI `{"detail":...}`, and anything else (HTML, empty, plain text).
+    The runtime's `type` string is kept when present; otherwise it is derived from the status.
+    """
+    try:
+        obj: object = orjson.loads(body) if body.strip() else None
+    except orjson.JSONDecodeError:
+        obj = None
+    source: Mapping[str, Any] = {}
+    message: str | None = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict):
+            source = err
+        elif isinstance(err, str) and err:
+            message = err
+        elif "message" in obj:
+            source = obj
+        elif "detail" in obj:
+            detail = obj["detail"]
+            message = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+    if message is None:
+        raw = source.get("message")
+        message = raw if isinstance(raw, str) and raw else None
+    if message is None:
+        quoted = _plain_text(body) if obj is None else None
+        message = f"Backend returned HTTP {_status_text(status)}" + (f": {quoted}" if quoted else "")
+    type_ = source.get("type")
+    param = source.get("param")
+    code = source.get("code")
+    return ErrorBody(
+        message=message,
+        type=type_ if isinstance(type_, str) and type_ else default_error_type(status),
+        param=param if isinstance(param, str) else None,
+        code=code if isinstance(code, str | int) and not isinstance(code, bool) else None,
+    )
