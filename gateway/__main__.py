@@ -80,10 +80,11 @@ def _install_uvloop() -> None:
 
 async def _serve(settings: Settings | None, *, host: str | None, port: int | None) -> int:
     from .app import build_app
-    from .demo import start_demo
 
     demo = None
     if settings is None:
+        from .demo import start_demo
+
         demo = await start_demo(host=host or "127.0.0.1")
         settings = demo.settings
     host = host or settings.listen.host

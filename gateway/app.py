@@ -48,7 +48,7 @@ async def build_app(
     pool = build_pool(settings)
     recorder = Recorder(registry, pool)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    session = aiohttp.ClientSession(connector=connector)
     proxy = Proxy(settings, pool, recorder, session, clock=clock, rng=rng)
     poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
 

@@ -99,7 +99,10 @@ class BackendConnectError(BackendError):
 
 
 class BackendTimeout(BackendError):
-    pass
+    """No answer (or no first byte) in time. Retryable: the proxy only retries before anything
+    reached the client, so the worst case is abandoned work on a backend that was stuck anyway."""
+
+    retryable = True
 
 
 class BackendOverloaded(BackendError):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -100,6 +101,14 @@ class GatewayProcess:
             self.stop()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
         self.url = line.split()[-1]
+        self._clients: list[openai.OpenAI] = []
+
+    def client(self) -> openai.OpenAI:
+        """An official SDK client for this gateway (no SDK retries: we test the gateway's own);
+        closed when the gateway stops."""
+        c = openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0)
+        self._clients.append(c)
+        return c
 
     @property
     def base_url(self) -> str:
@@ -121,6 +130,8 @@ class GatewayProcess:
         return total
 
     def stop(self) -> int:
+        for c in self._clients:
+            c.close()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -129,6 +140,8 @@ class GatewayProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
         self._log.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return self.proc.returncode
 
 

@@ -1,0 +1,23 @@
+# Multi-stage build: wheels are built in a throwaway stage; the runtime image holds only the
+# installed gateway and runs it as an unprivileged user.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY backends ./backends
+RUN pip install --no-cache-dir --upgrade pip build \
+ && pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin gateway
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY config /etc/gateway
+USER 10001
+EXPOSE 8080
+ENV PYTHONUNBUFFERED=1
+# With no --config the gateway starts its embedded demo fleet; mount a config for real backends:
+#   docker run -p 8080:8080 -v $PWD/my.yaml:/etc/gateway/my.yaml IMAGE serve --config /etc/gateway/my.yaml --host 0.0.0.0
+ENTRYPOINT ["gateway"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)" || exit 1
