@@ -38,6 +38,10 @@ class Outcome:
     usage: Usage | None = None
     ttft_s: float | None = None
     gaps_s: Iterable[float] = ()
+    reason: str = NONE  # the routing decision's low-cardinality reason
+    arm: str | None = None  # the A/B arm, when the route is split
+    sla: str | None = None  # "met" / "missed" when the request carried an SLA target
+    finished_at: float = 0.0  # clock reading at the end (for windowed statistics)
 
 
 class Recorder:

@@ -163,7 +163,7 @@ class Proxy:
         async def attempt() -> Opened:
             decision = route.policy.choose(
                 RouteRequest(route.config.model, next(route.seq), frozenset(attempts.tried)),
-                self._pool.snapshot(route.config.backends),
+                self._pool.snapshot(route.config.candidates),
                 self._rng,
             )
             if decision is None:

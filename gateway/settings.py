@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, mod
 
 from backends.base import Runtime
 
-PolicyName = Literal["round_robin", "least_load"]
+PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
+_NAME = r"^[A-Za-z0-9_.:-]+$"
 
 
 class _Strict(BaseModel):
@@ -39,10 +40,60 @@ class Backend(_Strict):
         return str(self.url).rstrip("/")
 
 
+class Arm(_Strict):
+    """One arm of an A/B split: a weighted share of the route's sessions and the backends that serve it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=_NAME)]
+    weight: Annotated[float, Field(ge=0)]
+    backends: Annotated[list[str], Field(min_length=1)]
+
+
+class Shadow(_Strict):
+    """Mirror a sampled fraction of the route's requests to `arm` and discard the answers."""
+
+    arm: str
+    fraction: Annotated[float, Field(ge=0, le=1)]
+
+
+class Split(_Strict):
+    arms: Annotated[list[Arm], Field(min_length=2)]
+    salt: str | None = None  # hash salt for sticky assignment; default: the route's model name
+    shadow: Shadow | None = None
+
+    @model_validator(mode="after")
+    def _arms_are_usable(self) -> Split:
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError("split.arms: arm names must be unique")
+        if sum(a.weight for a in self.arms) <= 0:
+            raise ValueError("split.arms: at least one arm needs a positive weight")
+        if self.shadow is not None and self.shadow.arm not in names:
+            raise ValueError(f"split.shadow.arm: unknown arm {self.shadow.arm!r}")
+        return self
+
+
 class Route(_Strict):
     model: Annotated[str, Field(min_length=1)]
-    backends: Annotated[list[str], Field(min_length=1)]
+    backends: Annotated[list[str], Field(min_length=1)] | None = None
     policy: PolicyName = "least_load"
+    split: Split | None = None
+
+    @model_validator(mode="after")
+    def _backends_or_split(self) -> Route:
+        if (self.backends is None) == (self.split is None):
+            raise ValueError("a route needs exactly one of `backends` or `split`")
+        return self
+
+    @property
+    def candidates(self) -> list[str]:
+        """Every backend the route may use (all arms' backends for a split route), in config order."""
+        if self.backends is not None:
+            return list(self.backends)
+        assert self.split is not None
+        seen: dict[str, None] = {}
+        for arm in self.split.arms:
+            seen.update(dict.fromkeys(arm.backends))
+        return list(seen)
 
 
 class Timeouts(_Strict):
@@ -86,9 +137,10 @@ class Settings(_Strict):
             raise ValueError(f"routes: duplicate route models {dupe_models}")
         known = set(names)
         for i, route in enumerate(self.routes):
-            missing = [b for b in route.backends if b not in known]
+            missing = [b for b in route.candidates if b not in known]
             if missing:
-                raise ValueError(f"routes.{i}.backends: unknown backend(s) {missing}")
+                where = "backends" if route.split is None else "split.arms"
+                raise ValueError(f"routes.{i}.{where}: unknown backend(s) {missing}")
         return self
 
     def backend(self, name: str) -> Backend:
