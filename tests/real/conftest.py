@@ -1,0 +1,123 @@
+"""Fixtures for the real-vLLM tier: one vLLM server (CPU, tiny random MoE) and one gateway in front.
+
+Both run as subprocesses in their own process groups for the whole session and are stopped by
+process group id (SIGTERM, then SIGKILL after a grace period). The vLLM venv and the model live in
+${IGW_CACHE:-~/.cache/igw}; scripts/real_vllm/setup_env.sh creates them when missing (about 1.5 min
+cold, a no-op when done), so `pytest tests/real` works on a fresh machine.
+
+Env knobs:
+  IGW_CACHE                 where the vLLM venv and the model live
+  IGW_VLLM_EXTRA_ARGS       extra vLLM flags (default "--enforce-eager": skips torch.compile, which
+                            halves startup on 2 cores; set to "" for the exact reference-capture flags)
+  IGW_VLLM_STARTUP_TIMEOUT  seconds to wait for vLLM's /health (default 300)
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from .harness import (
+    BACKEND_NAME,
+    GATEWAY_STARTUP_TIMEOUT_S,
+    MAX_MODEL_LEN,
+    MODEL_DIR,
+    ROOT,
+    ROUTE_MODEL,
+    SERVED_MODEL,
+    VLLM_PYTHON,
+    VLLM_STARTUP_TIMEOUT_S,
+    ServerProcess,
+    ensure_vllm_env,
+    free_port,
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    ensure_vllm_env()
+    workdir = tmp_path_factory.mktemp("vllm")
+    port = free_port()
+    extra = shlex.split(os.environ.get("IGW_VLLM_EXTRA_ARGS", "--enforce-eager"))
+    argv = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(MODEL_DIR),
+        "--served-model-name", SERVED_MODEL,
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *extra,
+    ]  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")},
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=env, cwd=workdir)
+    try:
+        waited = server.wait_until_ok("/health", VLLM_STARTUP_TIMEOUT_S)
+        print(f"[real] vLLM ready on {server.url} after {waited:.1f} s", file=sys.stderr)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway_server(vllm_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    workdir = tmp_path_factory.mktemp("gateway")
+    port = free_port()
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "backends": [
+            {
+                "name": BACKEND_NAME,
+                "runtime": "vllm",
+                "url": vllm_server.url,
+                "model": SERVED_MODEL,
+                "usd_per_hour": 1.0,
+            }
+        ],
+        "routes": [{"model": ROUTE_MODEL, "backends": [BACKEND_NAME], "policy": "least_load"}],
+    }
+    config_path = workdir / "gateway.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    argv = [
+        sys.executable, "-m", "gateway", "serve",
+        "--config", str(config_path),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    ]  # fmt: skip
+    server = ServerProcess.start(
+        "gateway", argv, port=port, log_path=workdir / "gateway.log", env=dict(os.environ), cwd=ROOT
+    )
+    try:
+        waited = server.wait_until_ok("/ready", GATEWAY_STARTUP_TIMEOUT_S)
+        print(f"[real] gateway ready on {server.url} after {waited:.1f} s", file=sys.stderr)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def client(gateway_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    """The official OpenAI SDK pointed at the gateway."""
+    with openai.OpenAI(base_url=f"{gateway_server.url}/v1", api_key="x", max_retries=0, timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def http(gateway_server: ServerProcess) -> Iterator[httpx.Client]:
+    """Plain HTTP to the gateway, for its non-OpenAI endpoints."""
+    with httpx.Client(base_url=gateway_server.url, timeout=30.0) as c:
+        yield c
