@@ -150,6 +150,7 @@ def prefix_hit_rate(hits: float | None, queries: float | None, previous: Load | 
 
     The interval ratio needs the previous cumulative totals and a positive query delta; a counter
     reset (engine restart) makes the delta negative, and then the cumulative ratio is the best guess.
+    With no traffic since the last scrape the previous interval's ratio stands.
     """
     if hits is None or queries is None:
         return None
@@ -158,6 +159,8 @@ def prefix_hit_rate(hits: float | None, queries: float | None, previous: Load | 
         d_queries = queries - previous.prefix_queries_total
         if d_queries > 0 and 0 <= d_hits <= d_queries:
             return d_hits / d_queries
+        if d_queries == 0 and d_hits == 0 and previous.prefix_hit_rate is not None:
+            return previous.prefix_hit_rate  # no traffic since the last scrape: no news
     return min(1.0, hits / queries) if queries > 0 else None
 
 
