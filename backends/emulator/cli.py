@@ -1,0 +1,84 @@
+"""`gateway emulate ...`: run one emulator in its own process until SIGINT/SIGTERM.
+
+Prints one line with the URL once the port is bound, so scripts and tests can wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from backends.base import Runtime
+from backends.emulator.config import EmulatorConfig
+from backends.emulator.faults import Faults
+from backends.emulator.profiles import PROFILES
+from backends.emulator.server import start_emulator
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gateway emulate", description="Run one emulated serving runtime.")
+    p.add_argument("--runtime", required=True, choices=[r.value for r in Runtime])
+    p.add_argument("--port", type=int, required=True, help="0 picks a free port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--model", default="tiny-moe")
+    p.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
+    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    p.add_argument("--metrics-port", type=int, default=0, help="Triton only: the separate metrics port")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-reuse", choices=["on", "off", "default"], default="default")
+    f = p.add_argument_group("fault knobs")
+    f.add_argument("--fail-first", type=int, default=0)
+    f.add_argument("--fail-status", type=int, default=503)
+    f.add_argument("--fail-rate", type=float, default=0.0)
+    f.add_argument("--hang", action="store_true")
+    f.add_argument("--die-after-tokens", type=int, default=None)
+    f.add_argument("--error-after-tokens", type=int, default=None)
+    f.add_argument("--not-ready-for-s", type=float, default=0.0)
+    f.add_argument("--max-queue", type=int, default=None)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    faults = Faults(
+        fail_first=args.fail_first, fail_status=args.fail_status, fail_rate=args.fail_rate, hang=args.hang,
+        die_after_tokens=args.die_after_tokens, error_after_tokens=args.error_after_tokens,
+        not_ready_for_s=args.not_ready_for_s, max_queue=args.max_queue,
+    )
+    reuse = {"on": True, "off": False, "default": None}[args.prefix_reuse]
+    return EmulatorConfig(runtime=Runtime(args.runtime), model=args.model, profile=args.profile, speed=args.speed,
+                          faults=faults, max_model_len=args.max_model_len, seed=args.seed, prefix_reuse=reuse)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    emu = await start_emulator(cfg, host=args.host, port=args.port, metrics_port=args.metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    extra = f" metrics={emu.metrics_url}" if emu.metrics_url != emu.url else ""
+    print(f"emulator {cfg.runtime.value} ready at {emu.url}{extra} (profile={cfg.profile}, speed={cfg.speed})",
+          flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await emu.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""What every protocol face shares: the engine driver, fault gate, RNG, counters, and one helper that
+runs a client request through the engine and yields its tokens as they are produced."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from backends.emulator import tokenizer
+from backends.emulator.config import EmulatorConfig, EmulatorStats
+from backends.emulator.driver import EngineDriver, Handle, SubRequest
+from backends.emulator.engine import Finished, Snapshot, StepResult, TokenEvent
+from backends.emulator.faults import FaultGate
+from backends.emulator.profiles import EngineParams, Profile
+from backends.emulator.textgen import OutputPlan, plan_output
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One emitted token for the face: which choice, its text, and the engine event behind it."""
+
+    choice: int
+    piece: str
+    token_id: int
+    event: TokenEvent
+
+    @property
+    def finished(self) -> Finished | None:
+        return self.event.finished
+
+
+HEALTH_PREFIX = "health-"  # engine requests made by health checks are not client requests
+
+
+class StatsObserver:
+    """Keeps `EmulatorStats` in step with the engine."""
+
+    def __init__(self, stats: EmulatorStats, changed: asyncio.Event) -> None:
+        self.stats = stats
+        self.changed = changed
+
+    def on_step(self, step: StepResult, snap: Snapshot) -> None:
+        self.stats.tokens_generated += len(step.tokens)
+        self.changed.set()
+
+    def on_finished(self, fin: Finished) -> None:
+        if fin.rid.startswith(HEALTH_PREFIX):
+            return
+        if fin.reason == "abort":
+            self.stats.aborted += 1
+        else:
+            self.stats.completed += 1
+        self.changed.set()
+
+    def on_idle(self, snap: Snapshot) -> None:
+        return None
+
+
+class Generation:
+    """One client request in the engine. Iterate `tokens()`; call `abort()` if the client goes away."""
+
+    def __init__(self, handle: Handle | None, plans: Sequence[OutputPlan], prompt_tokens: int) -> None:
+        self._handle = handle
+        self.plans = plans
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.finished: list[Finished | None] = [None] * len(plans)
+
+    @property
+    def done(self) -> bool:
+        return self._handle is None or self._handle.done
+
+    @property
+    def rids(self) -> list[str]:
+        return [] if self._handle is None else list(self._handle.rids)
+
+    async def tokens(self) -> AsyncIterator[Token]:
+        if self._handle is None:  # the `hang` fault: never produce a first token
+            await asyncio.Event().wait()
+            return
+        h = self._handle
+        while not h.done:
+            ev = await h.next()
+            choice = h.index_of[ev.rid]
+            plan = self.plans[choice]
+            self.cached_tokens = ev.cached_tokens
+            if ev.finished is not None:
+                self.finished[choice] = ev.finished
+            yield Token(choice, plan.pieces[ev.index], plan.token_ids[ev.index], ev)
+
+    def abort(self) -> None:
+        if self._handle is not None and not self._handle.done:
+            self._handle.abort()
+
+
+class FaceContext:
+    def __init__(
+        self, config: EmulatorConfig, profile: Profile, params: EngineParams, driver: EngineDriver,
+        gate: FaultGate, stats: EmulatorStats,
+    ) -> None:
+        self.config = config
+        self.profile = profile
+        self.params = params
+        self.driver = driver
+        self.gate = gate
+        self.stats = stats
+        self.rng = random.Random(config.seed)
+        self.created = int(time.time())
+        self._counter = itertools.count(1)
+        self.changed = asyncio.Event()  # set on every engine event; lets tests wait without sleeping
+        self.fingerprint_hash = uuid.UUID(int=random.Random(config.seed + 1).getrandbits(128)).hex[:8]
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    def next_int(self) -> int:
+        return next(self._counter)
+
+    def hex_id(self, n: int) -> str:
+        return f"{self.rng.getrandbits(n * 4):0{n}x}"
+
+    def snapshot(self) -> Snapshot:
+        return self.driver.engine.snapshot()
+
+    def plans(self, n: int, *, max_tokens: int | None, stop: Sequence[str] = ()) -> list[OutputPlan]:
+        return [
+            plan_output(self.rng, max_tokens=max_tokens, default_tokens=self.profile.default_output_tokens, stop=stop)
+            for _ in range(n)
+        ]
+
+    def start(self, prompt: Sequence[int], plans: Sequence[OutputPlan], *, health: bool = False) -> Generation:
+        """Submit a request (one engine request per choice) unless the `hang` fault holds it back."""
+        if self.config.faults.hang:
+            return Generation(None, plans, len(prompt))
+        base = (HEALTH_PREFIX if health else "") + self.hex_id(16)
+        subs = [
+            SubRequest(f"{base}-{i}", prompt, len(p.token_ids), p.finish_reason) for i, p in enumerate(plans)
+        ]
+        return Generation(self.driver.submit(subs), plans, len(prompt))
+
+
+def tokenize_prompt(prompt: object) -> list[int]:
+    """Token ids of an OpenAI completions `prompt`: a string, a list of ids, or a list of strings."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return [int(t) for t in prompt]
+    if isinstance(prompt, list) and prompt:
+        return tokenize_prompt(prompt[0])
+    return []
+
+
+def abort_transport(request: web.Request) -> None:
+    """Close the client connection without a final event (the `die_after_tokens` fault)."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+CONTEXT_KEY = web.AppKey("emulator_context", FaceContext)

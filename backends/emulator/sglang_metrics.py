@@ -1,0 +1,159 @@
+"""SGLang's Prometheus families (spec 3.7) as a custom collector, rendered the way SGLang's
+multiprocess registry renders them: label names sorted, no `_created` series.
+
+Scheduler gauges are published with SGLang's cadence: on every prefill batch, every 40 decode steps,
+and when the engine goes idle (which zeroes `gen_throughput`); between publications they are stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from backends.emulator.engine import Finished, Snapshot, StepResult
+from backends.emulator.exposition import Hist, hist_family
+from backends.emulator.profiles import EngineParams
+
+DECODE_LOG_INTERVAL = 40
+_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+_ITL = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4, 0.6,
+        0.8, 1, 2, 4, 6, 8)
+_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+_STREAMING = ("false", "true")
+
+
+class SglangMetrics:
+    def __init__(self, model: str, params: EngineParams, *, context_len: int) -> None:
+        self.params = params
+        self.context_len = context_len
+        self.sched = {"engine_type": "unified", "model_name": model, "moe_ep_rank": "0", "pp_rank": "0",
+                      "tp_rank": "0"}
+        self.tok = {"engine_type": "unified", "model_name": model}
+        self.published = {"num_running_reqs": 0.0, "num_queue_reqs": 0.0, "token_usage": 0.0,
+                          "cache_hit_rate": 0.0, "gen_throughput": 0.0, "num_used_tokens": 0.0}
+        self.prompt_tokens = dict.fromkeys(_STREAMING, 0.0)
+        self.generation_tokens = dict.fromkeys(_STREAMING, 0.0)
+        self.num_requests = dict.fromkeys(_STREAMING, 0.0)
+        self.cached_tokens = 0.0
+        self.aborted = 0.0
+        self.ttft = {s: Hist(_TTFT) for s in _STREAMING}
+        self.e2e = {s: Hist(_E2E) for s in _STREAMING}
+        self.itl = Hist(_ITL)
+        self.queue = Hist(_E2E)
+        self.streaming: dict[str, str] = {}
+        self._last: dict[str, float] = {}
+        self._decode_steps = 0
+        self._window_tokens = 0
+        self._window_start: float | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def register(self, rids: list[str], *, streaming: bool) -> None:
+        flag = "true" if streaming else "false"
+        for rid in rids:
+            self.streaming[rid] = flag
+        self.num_requests[flag] += 1
+
+    def _publish(self, snap: Snapshot, now: float, hit_rate: float | None) -> None:
+        p = self.published
+        p["num_running_reqs"] = float(snap.running)
+        p["num_queue_reqs"] = float(snap.waiting)
+        p["token_usage"] = snap.kv_usage
+        p["num_used_tokens"] = float(snap.kv_used_blocks * snap.block_size)
+        if hit_rate is not None:
+            p["cache_hit_rate"] = hit_rate
+        if self._window_start is not None and now > self._window_start:
+            p["gen_throughput"] = self._window_tokens / (now - self._window_start)
+        self._window_start, self._window_tokens = now, 0
+
+    def on_step(self, step: StepResult, snap: Snapshot) -> None:
+        if self._window_start is None:
+            self._window_start = step.start_s
+        self._window_tokens += len(step.tokens)
+        for ev in step.tokens:
+            flag = self.streaming.get(ev.rid, "false")
+            last = self._last.get(ev.rid)
+            if last is None:
+                self.ttft[flag].observe(ev.time_s - ev.arrival_s)
+            else:
+                self.itl.observe(ev.time_s - last)
+            self._last[ev.rid] = ev.time_s
+            self.generation_tokens[flag] += 1
+        hits = sum(a.cached_tokens for a in step.admitted)
+        total = sum(a.prompt_tokens for a in step.admitted)
+        for a in step.admitted:
+            self.prompt_tokens[self.streaming.get(a.rid, "false")] += a.prompt_tokens
+        self.cached_tokens += hits
+        if step.prefill_tokens:
+            self._publish(snap, step.end_s, hits / total if total else None)
+        else:
+            self._decode_steps += 1
+            if self._decode_steps % DECODE_LOG_INTERVAL == 0:
+                self._publish(snap, step.end_s, None)
+
+    def on_finished(self, fin: Finished) -> None:
+        flag = self.streaming.pop(fin.rid, "false")
+        self._last.pop(fin.rid, None)
+        if fin.reason == "abort":
+            self.aborted += 1
+        self.e2e[flag].observe(fin.e2e_s)
+        self.queue.observe(fin.queue_s)
+
+    def on_idle(self, snap: Snapshot) -> None:
+        p = self.published
+        p["num_running_reqs"] = float(snap.running)
+        p["num_queue_reqs"] = float(snap.waiting)
+        p["token_usage"] = snap.kv_usage
+        p["num_used_tokens"] = float(snap.kv_used_blocks * snap.block_size)
+        p["gen_throughput"] = 0.0
+        self._window_start = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s, t = self.sched, self.tok
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=sorted(s))
+            g.add_metric([s[k] for k in sorted(s)], value)
+            return g
+
+        p = self.published
+        yield gauge("sglang:num_running_reqs", "The number of running requests.", p["num_running_reqs"])
+        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", p["num_queue_reqs"])
+        yield gauge("sglang:token_usage", "The token usage.", p["token_usage"])
+        yield gauge("sglang:num_used_tokens", "The number of used tokens.", p["num_used_tokens"])
+        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", p["cache_hit_rate"])
+        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", p["gen_throughput"])
+        yield gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
+                    float(self.params.kv_blocks * self.params.block_size))
+        yield gauge("sglang:page_size", "The page size of the KV cache.", float(self.params.block_size))
+        yield gauge("sglang:context_len", "The context length of the model.", float(self.context_len))
+        for name, doc, values in (
+            ("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
+            ("sglang:generation_tokens", "Number of generation tokens processed.", self.generation_tokens),
+            ("sglang:num_requests", "The number of processed requests.", self.num_requests),
+        ):
+            c = CounterMetricFamily(name, doc, labels=["engine_type", "is_streaming", "model_name"])
+            for flag, v in values.items():
+                c.add_metric([t["engine_type"], flag, t["model_name"]], v)
+            yield c
+        c = CounterMetricFamily("sglang:cached_tokens", "Number of cached prompt tokens.",
+                                labels=["cache_source", "engine_type", "model_name"])
+        for src in ("device", "host", "storage"):
+            c.add_metric([src, t["engine_type"], t["model_name"]], self.cached_tokens if src == "device" else 0.0)
+        yield c
+        c = CounterMetricFamily("sglang:num_aborted_requests", "Number of requests aborted.", labels=sorted(t))
+        c.add_metric([t[k] for k in sorted(t)], self.aborted)
+        yield c
+        yield hist_family("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", t,
+                          (({"is_streaming": f}, h) for f, h in self.ttft.items()))
+        yield hist_family("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", t,
+                          [({}, self.itl)])
+        yield hist_family("sglang:e2e_request_latency_seconds", "Histogram of E2E request latency in seconds", t,
+                          (({"is_streaming": f}, h) for f, h in self.e2e.items()))
+        yield hist_family("sglang:queue_time_seconds", "Histogram of queueing time in seconds.", t,
+                          [({}, self.queue)])

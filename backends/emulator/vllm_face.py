@@ -1,0 +1,318 @@
+"""The vLLM 0.32 face: OpenAI chat/completions plus vLLM's auxiliary endpoints, shaped like the real
+server's captured transcripts (started with `--enable-prefix-caching --enable-prompt-tokens-details`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from backends.emulator import tokenizer
+from backends.emulator import vllm_render as R
+from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, tokenize_prompt
+from backends.emulator.exposition import render_text_latest
+from backends.emulator.openai_common import (
+    DONE,
+    BodyError,
+    ChatRequest,
+    Died,
+    FieldError,
+    build_request,
+    event,
+    json_response,
+    open_sse,
+    parse_body,
+    python_runtime_app,
+    stream_tokens,
+)
+from backends.emulator.vllm_metrics import VllmMetrics
+
+METRICS_KEY = web.AppKey("vllm_metrics", VllmMetrics)
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status, self.body = status, body
+
+
+def _bad(message: str, param: str | None = None) -> _Reject:
+    return _Reject(400, R.error_body(message, "BadRequestError", 400, param))
+
+
+def _validate(ctx: FaceContext, request: web.Request, raw: bytes, *, chat: bool) -> ChatRequest:
+    ctype = request.headers.get("Content-Type", "")
+    if ctype and not ctype.startswith("application/json"):
+        raise _Reject(400, R.error_body(
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed", "Bad Request", 400))
+    try:
+        body = parse_body(raw)
+    except BodyError as exc:
+        raise _Reject(400, R.validation_error(
+            "json_invalid", f"body.{exc.pos}", "JSON decode error", "<dict of 0 items>", {"error": str(exc)})) from None
+    field = "messages" if chat else "prompt"
+    if field not in body:
+        raise _Reject(400, R.validation_error(
+            "missing", f"body.{field}", "Field required", f"<dict of {len(body)} items>"))
+    if chat and not isinstance(body["messages"], list):
+        raise _Reject(400, R.validation_error(
+            "list_type", "body.messages", "Input should be a valid list", body["messages"]))
+    model = body.get("model")
+    if model and model != ctx.model:
+        raise _Reject(404, R.error_body(
+            f"The model `{model}` does not exist. Valid aliases: {ctx.model}.", "NotFoundError", 404, "model"))
+    temp = body.get("temperature")
+    if isinstance(temp, int | float) and temp < 0:
+        raise _bad(f"temperature must be non-negative, got {float(temp)}. (parameter=temperature, value={float(temp)})",
+                   "temperature")
+    n = body.get("n")
+    if isinstance(n, int) and n < 1:
+        raise _bad(f"n must be at least 1, got {n}.")
+    if body.get("stream_options") and not body.get("stream"):
+        raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
+    try:
+        req = build_request(body, chat=chat, default_max_tokens=16)
+    except FieldError as exc:
+        raise _Reject(400, R.validation_error(exc.kind, f"body.{exc.field}", exc.msg, exc.value)) from None
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise _bad(f"max_tokens must be at least 1, got {req.max_tokens}.", "max_tokens")
+    limit = ctx.config.max_model_len
+    max_field = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    if req.max_tokens is not None and req.max_tokens > limit:
+        raise _bad(
+            f"{max_field}={req.max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output "
+            f"tokens. (parameter={max_field}, value={req.max_tokens})", max_field)
+    if len(req.prompt) > limit:
+        # vLLM tokenizes at most max_model_len+1 tokens, hence "at least".
+        seen = limit + 1
+        raise _bad(
+            f"This model's maximum context length is {limit} tokens. However, your prompt contains at least {seen} "
+            "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the "
+            f"input prompt. (parameter=input_tokens, value={seen})", "input_tokens")
+    return req
+
+
+def _admit(ctx: FaceContext, metrics: VllmMetrics) -> None:
+    if not ctx.gate.ready():
+        ctx.stats.rejected_not_ready += 1
+        raise _Reject(503, R.error_body("The server is still starting up.", "ServiceUnavailableError", 503))
+    status = ctx.gate.injected_failure()
+    if status is not None:
+        ctx.stats.failed_injected += 1
+        raise _Reject(status, R.error_body(
+            "Injected failure", R.ERROR_TYPES.get(status, R.PHRASES.get(status, "Error")), status))
+    if ctx.gate.queue_full(ctx.snapshot().waiting):
+        ctx.stats.rejected_queue_full += 1
+        metrics.on_admission_rejected(ctx.model)
+        raise _Reject(503, R.error_body(R.ADMISSION_MESSAGE, "Service Unavailable", 503))
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    ctx, metrics = request.app[CONTEXT_KEY], request.app[METRICS_KEY]
+    chat = request.path.endswith("/chat/completions")
+    ctx.stats.requests_received += 1
+    try:
+        req = _validate(ctx, request, await request.read(), chat=chat)
+        _admit(ctx, metrics)
+    except _Reject as rej:
+        return json_response(rej.body, rej.status)
+    room = ctx.config.max_model_len - len(req.prompt)
+    max_tokens = req.max_tokens
+    if max_tokens is None and ctx.profile.default_output_tokens > room:
+        max_tokens = room
+    max_tokens = None if max_tokens is None else max(1, min(max_tokens, room))
+    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop)
+    metrics.on_request(n=req.n, max_tokens=max_tokens if max_tokens is not None else room)
+    header_id = request.headers.get("X-Request-Id")
+    rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or ctx.hex_id(16))
+    gen = ctx.start(req.prompt, plans)
+    try:
+        if req.stream:
+            return await _stream(ctx, request, req, gen, rid)
+        return await _complete(ctx, request, req, gen, rid)
+    finally:
+        gen.abort()
+
+
+def _fingerprint(ctx: FaceContext) -> str:
+    return f"vllm-{R.VERSION}-{ctx.fingerprint_hash}"
+
+
+def _created_cache(ctx: FaceContext, req: ChatRequest, cached: int) -> int | None:
+    if not req.chat:
+        return None
+    bs = ctx.params.block_size
+    return max(0, (len(req.prompt) // bs) * bs - cached)
+
+
+async def _complete(
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str
+) -> web.StreamResponse:
+    texts: list[list[str]] = [[] for _ in range(req.n)]
+    try:
+        async for tok in stream_tokens(ctx, request, gen):
+            texts[tok.choice].append(tok.piece)
+    except Died:
+        return web.Response(status=500)
+    choices = []
+    for i, plan in enumerate(gen.plans):
+        lp = R.logprobs_content(ctx.rng, texts[i], req.top_logprobs) if req.logprobs else None
+        text = "".join(texts[i])
+        make = R.chat_choice if req.chat else R.completion_choice
+        choices.append(make(i, text, plan.finish_reason, plan.stop_reason, lp))
+    completion = sum(len(t) for t in texts)
+    created = _created_cache(ctx, req, gen.cached_tokens)
+    use = R.usage(len(req.prompt), completion, gen.cached_tokens, created, full=True)
+    resp = json_response(R.full_response(req, rid, ctx.created, ctx.model, _fingerprint(ctx), choices, use))
+    orca = _orca_header(ctx, request.headers.get("endpoint-load-metrics-format", ""))
+    if orca is not None:
+        resp.headers["endpoint-load-metrics"] = orca
+    return resp
+
+
+def _orca_header(ctx: FaceContext, fmt: str) -> str | None:
+    """vLLM's optional ORCA load report on non-streaming responses (spec 2.3)."""
+    snap = ctx.snapshot()
+    metrics = {"kv_cache_usage_perc": snap.kv_usage, "num_requests_waiting": float(snap.waiting)}
+    if fmt.upper() == "TEXT":
+        return "TEXT " + ", ".join(f"named_metrics.{k}={v}" for k, v in metrics.items())
+    if fmt.upper() == "JSON":
+        return "JSON " + json.dumps({"named_metrics": metrics})
+    return None
+
+
+async def _stream(
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str
+) -> web.StreamResponse:
+    obj = "chat.completion.chunk" if req.chat else "text_completion"
+    head = {"id": rid, "object": obj, "created": ctx.created, "model": ctx.model}
+    counts = [0] * req.n
+    prompt = len(req.prompt)
+    resp: web.StreamResponse | None = None
+
+    def mid_stream_error() -> bytes:
+        # vLLM writes this one event with json.dumps (spaces after separators).
+        err = R.error_body("Internal server error", "InternalServerError", 500)
+        return f"data: {json.dumps(err)}\n\n".encode()
+
+    try:
+        resp = await open_sse(request)
+        started = False
+        async for tok in stream_tokens(ctx, request, gen, on_error_event=mid_stream_error, resp=resp):
+            if not started and req.chat:
+                for i in range(req.n):
+                    first: dict[str, Any] = {**head, "choices": [{
+                        "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}]}
+                    if req.continuous_usage:
+                        first["usage"] = R.running_usage(prompt, 0)
+                    first["prompt_token_ids"] = None
+                    first["prompt_text"] = None
+                    await resp.write(event(first))
+            started = True
+            counts[tok.choice] += 1
+            lp = R.logprobs_content(ctx.rng, [tok.piece], req.top_logprobs) if req.logprobs else None
+            fin = tok.finished
+            plan = gen.plans[tok.choice]
+            choice: dict[str, Any]
+            if req.chat:
+                choice = {"index": tok.choice, "delta": {"content": tok.piece}, "logprobs": lp,
+                          "finish_reason": plan.finish_reason if fin else None}
+            else:
+                choice = {"index": tok.choice, "text": tok.piece, "logprobs": lp,
+                          "finish_reason": plan.finish_reason if fin else None, "stop_reason": None}
+            if fin is not None:
+                choice["stop_reason"] = plan.stop_reason
+            if not req.chat:
+                choice["prompt_token_ids"] = None
+            choice["token_ids"] = None
+            chunk: dict[str, Any] = {**head, "choices": [choice]}
+            if req.continuous_usage:
+                chunk["usage"] = R.running_usage(prompt, counts[tok.choice])
+            if fin is not None and not req.include_usage:
+                chunk["system_fingerprint"] = _fingerprint(ctx)
+            await resp.write(event(chunk))
+        if req.include_usage:
+            use = R.usage(prompt, sum(counts), gen.cached_tokens, _created_cache(ctx, req, gen.cached_tokens),
+                          full=False)
+            await resp.write(event({**head, "choices": [], "usage": use, "system_fingerprint": _fingerprint(ctx)}))
+        await resp.write(DONE)
+        await resp.write_eof()
+    except (Died, ConnectionResetError):
+        pass
+    return resp if resp is not None else web.Response(status=500)
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT_KEY]
+    return web.Response(status=200 if ctx.gate.ready() else 503)
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": R.VERSION})
+
+
+async def models(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT_KEY]
+    card = R.model_card(ctx.model, ctx.created, ctx.config.max_model_len, ctx.hex_id(16))
+    return json_response({"object": "list", "data": [card]})
+
+
+async def load(request: web.Request) -> web.Response:
+    snap = request.app[CONTEXT_KEY].snapshot()
+    return json_response({"server_load": snap.running + snap.waiting})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT_KEY]
+    try:
+        body = parse_body(await request.read())
+    except BodyError as exc:
+        return json_response(R.validation_error("json_invalid", f"body.{exc.pos}", "JSON decode error",
+                                                "<dict of 0 items>", {"error": str(exc)}), 400)
+    if "messages" in body:
+        gp = bool(body.get("add_generation_prompt", True))
+        text = tokenizer.render_chat(body["messages"] or [], add_generation_prompt=gp)
+        ids = tokenizer.encode(text)
+    else:
+        ids = tokenize_prompt(body.get("prompt", ""))
+    strs = [tokenizer.decode([i]) for i in ids] if body.get("return_token_strs") else None
+    return json_response({"count": len(ids), "max_model_len": ctx.config.max_model_len, "tokens": ids,
+                          "token_strs": strs})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    try:
+        body = parse_body(await request.read())
+    except BodyError:
+        return json_response(R.error_body("Invalid JSON", "Bad Request", 400), 400)
+    return json_response({"prompt": tokenizer.decode(int(t) for t in body.get("tokens", []))})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """Dev endpoint (`VLLM_SERVER_DEV_MODE=1`): drop every cached block, for cache experiments."""
+    request.app[CONTEXT_KEY].driver.engine.cache.evict_to(0)
+    return web.Response(status=200)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    return render_text_latest(request.app[METRICS_KEY].registry)
+
+
+def build_app(ctx: FaceContext, metrics: VllmMetrics) -> web.Application:
+    app = python_runtime_app()
+    app[CONTEXT_KEY] = ctx
+    app[METRICS_KEY] = metrics
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/load", load)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app

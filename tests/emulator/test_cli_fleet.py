@@ -1,0 +1,71 @@
+"""The CLI in its own process, and the demo fleet in this one."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+
+import aiohttp
+import pytest
+
+from backends.base import Runtime
+from backends.emulator.cli import build_parser, config_from_args
+from backends.emulator.fleet import DEMO_FLEET, start_fleet
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "triton"])
+async def test_cli_runs_until_sigterm(runtime: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "backends.emulator.cli", "--runtime", runtime, "--port", "0", "--model", "m",
+        "--profile", "tiny", "--speed", "50", "--fail-first", "1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        m = re.search(r"ready at (http://\S+)", line)
+        assert m, line
+        url = m.group(1)
+        health = "/v2/health/ready" if runtime == "triton" else "/health"
+        async with aiohttp.ClientSession() as s, s.get(url + health) as r:
+            assert r.status == 200
+        if runtime == "triton":
+            assert "metrics=http://" in line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+def test_cli_flags_map_to_the_config() -> None:
+    args = build_parser().parse_args([
+        "--runtime", "sglang", "--port", "0", "--model", "x", "--profile", "mixtral-8x7b-h100", "--speed", "3",
+        "--fail-rate", "0.25", "--max-queue", "4", "--die-after-tokens", "7", "--not-ready-for-s", "2", "--hang"])
+    cfg = config_from_args(args)
+    assert cfg.runtime is Runtime.SGLANG
+    assert cfg.profile == "mixtral-8x7b-h100"
+    assert cfg.speed == 3.0
+    f = cfg.faults
+    assert (f.fail_rate, f.max_queue, f.die_after_tokens, f.not_ready_for_s, f.hang) == (0.25, 4, 7, 2.0, True)
+
+
+async def test_demo_fleet_starts_one_emulator_per_runtime() -> None:
+    fleet = await start_fleet(DEMO_FLEET, speed=100.0, host="127.0.0.1")
+    try:
+        assert {e.runtime for e in fleet} == set(Runtime)
+        assert all(e.usd_per_hour == 96.0 for e in fleet)
+        triton = next(e for e in fleet if e.runtime is Runtime.TRITON)
+        assert triton.metrics_url != triton.url
+        async with aiohttp.ClientSession() as s:
+            for emu in fleet:
+                if emu.runtime is Runtime.TRITON:
+                    url, body = emu.url + "/v2/models/ensemble/generate", {"text_input": "hi", "max_tokens": 2}
+                else:
+                    url = emu.url + "/v1/chat/completions"
+                    body = {"model": "deepseek-v3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+                async with s.post(url, json=body) as r:
+                    assert r.status == 200, emu.name
+    finally:
+        for emu in fleet:
+            await emu.stop()
