@@ -1,17 +1,14 @@
-"""Command line: `gateway serve`, `gateway check-config`, `gateway emulate`."""
+"""Command line: `gateway serve`, `gateway check-config`, `gateway emulate`, `gateway compare`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
-from .settings import ConfigError, Settings, load_settings
+from .settings import ConfigError, load_settings
 
 log = logging.getLogger("gateway")
 
@@ -23,10 +20,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML config file; omit it to start the embedded demo fleet")
     serve.add_argument("--host", help="listen address (overrides the config's listen.host)")
     serve.add_argument("--port", type=int, help="listen port, 0 for any free port (overrides listen.port)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)")
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="INFO")
     check = sub.add_parser("check-config", help="validate a config file and print every error")
     check.add_argument("file")
     sub.add_parser("emulate", help="run one runtime emulator (see `gateway emulate --help`)", add_help=False)
+    from .compare_cli import add_arguments as add_compare_arguments
+
+    add_compare_arguments(sub.add_parser("compare", help="print a running gateway's live comparison as tables"))
     return parser
 
 
@@ -39,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
     if args.command == "check-config":
         return _check_config(args.file)
+    if args.command == "compare":
+        from .compare_cli import main as compare_main
+
+        return compare_main(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = None
     if args.config:
@@ -48,7 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_config_error(exc)
             return 2
     _install_uvloop()
-    return asyncio.run(_serve(settings, host=args.host, port=args.port))
+    from .server import serve
+
+    return asyncio.run(
+        serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port)
+    )
 
 
 def _check_config(path: str) -> int:
@@ -76,39 +86,6 @@ def _install_uvloop() -> None:
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-async def _serve(settings: Settings | None, *, host: str | None, port: int | None) -> int:
-    from .app import build_app
-
-    demo = None
-    if settings is None:
-        from .demo import start_demo
-
-        demo = await start_demo(host=host or "127.0.0.1")
-        settings = demo.settings
-    host = host or settings.listen.host
-    port = settings.listen.port if port is None else port
-    app = await build_app(settings)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    url = f"http://{host}:{bound}"
-    print(f"gateway listening on {url}", flush=True)
-    if demo is not None:
-        print(demo.banner(url), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down")
-    await runner.cleanup()
-    if demo is not None:
-        await demo.stop()
-    return 0
 
 
 if __name__ == "__main__":
