@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run check test test-fast test-real real-env bench clean
+.PHONY: install run check test test-fast real-env system-deps bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +21,15 @@ check: install  ## lint and types
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+system-deps:  ## Debian packages the browser test and benchmarks use (chromium, wrk, nginx); needs root
+	@if ! command -v chromium >/dev/null || ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk nginx-light >/dev/null; \
+		else echo "install chromium, wrk and nginx-light (apt-get) for the browser test and benchmarks"; fi; fi
+
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
-test: install real-env check  ## everything CI runs: lint, types, unit, integration, emulator and real-vLLM tiers
+test: install system-deps real-env check  ## everything CI runs: lint, types, unit, integration, emulator and real-vLLM tiers
 	$(VENV)/bin/pytest
 
 test-fast: install  ## the tiers without real vLLM

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.emulator.fleet import DEMO_FLEET, start_fleet
-
 from backends.emulator import RunningEmulator
+from backends.emulator.fleet import DEMO_FLEET, start_fleet
 
 from .settings import Settings, parse_settings
 

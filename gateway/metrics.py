@@ -8,8 +8,8 @@ the request path never touches them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -23,6 +23,11 @@ NONE = "none"
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+# OpenTelemetry GenAI semantic conventions: the explicit bucket boundaries they recommend.
+GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960)
 
 
@@ -45,7 +50,22 @@ class Outcome:
 
 
 class Recorder:
-    def __init__(self, registry: CollectorRegistry, pool: Pool) -> None:
+    """Counts every Outcome into Prometheus and hands it on to `observers` (the live comparison).
+
+    An Outcome that arrives with `finished_at == 0.0` is stamped with `clock()` first, so windowed
+    statistics get the app's injected time without the proxy having to know about them.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        pool: Pool,
+        *,
+        clock: Callable[[], float] | None = None,
+        observers: Iterable[Callable[[Outcome], None]] = (),
+    ) -> None:
+        self._clock = clock
+        self.observers = list(observers)
         base = ("backend", "runtime", "model")
         self.requests = Counter(
             "gateway_requests", "Requests by outcome.", (*base, "status"), registry=registry
@@ -79,6 +99,26 @@ class Recorder:
         self.ejections = Counter(
             "gateway_backend_ejections", "Circuit-breaker ejections.", ("backend", "runtime"), registry=registry
         )
+        # The same measurements under the OpenTelemetry GenAI names (dots -> underscores), so stock
+        # GenAI dashboards work: gen_ai_system = the runtime, gen_ai_request_model = the route's model.
+        genai = ("gen_ai_system", "gen_ai_request_model", "backend")
+        self.genai_ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds", "GenAI semconv: time to first token (at the gateway).",
+            genai, buckets=GENAI_TTFT_BUCKETS, registry=registry,
+        )
+        self.genai_tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "GenAI semconv: (duration - TTFT) / (output tokens - 1), per streamed request.",
+            genai, buckets=GENAI_TPOT_BUCKETS, registry=registry,
+        )
+        self.genai_duration = Histogram(
+            "gen_ai_server_request_duration_seconds", "GenAI semconv: request duration at the gateway.",
+            (*genai, "error_type"), buckets=GENAI_DURATION_BUCKETS, registry=registry,
+        )
+        self.genai_tokens = Histogram(
+            "gen_ai_client_token_usage", "GenAI semconv: tokens per request by gen_ai_token_type (input/output).",
+            (*genai, "gen_ai_token_type"), buckets=GENAI_TOKEN_BUCKETS, registry=registry,
+        )
         registry.register(_PoolCollector(pool))
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
 
@@ -97,6 +137,29 @@ class Recorder:
         return children
 
     def record(self, o: Outcome) -> None:
+        if not isinstance(o.gaps_s, (list, tuple)):
+            o = replace(o, gaps_s=tuple(o.gaps_s))  # read twice below: never consume a one-shot iterator
+        if o.finished_at == 0.0 and self._clock is not None:
+            o = replace(o, finished_at=self._clock())
+        self._record_prometheus(o)
+        self._record_genai(o)
+        for observe in self.observers:
+            observe(o)
+
+    def _record_genai(self, o: Outcome) -> None:
+        labels = (o.runtime, o.model, o.backend)
+        ok = o.status.startswith("2")
+        self.genai_duration.labels(*labels, "" if ok else o.status).observe(o.duration_s)
+        if o.ttft_s is not None:
+            self.genai_ttft.labels(*labels).observe(o.ttft_s)
+        if o.usage is not None:
+            self.genai_tokens.labels(*labels, "input").observe(o.usage.prompt_tokens)
+            self.genai_tokens.labels(*labels, "output").observe(o.usage.completion_tokens)
+            if o.ttft_s is not None and o.usage.completion_tokens > 1:
+                tpot = max(o.duration_s - o.ttft_s, 0.0) / (o.usage.completion_tokens - 1)
+                self.genai_tpot.labels(*labels).observe(tpot)
+
+    def _record_prometheus(self, o: Outcome) -> None:
         key = (o.backend, o.runtime, o.model)
         self.requests.labels(*key, o.status).inc()
         prompt, completion, cached, ttft, itl, duration = self._per_backend(key)

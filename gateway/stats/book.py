@@ -1,0 +1,110 @@
+"""The stats book: every finished request, filed into the groups the comparison reports on.
+
+Groups are fixed by the config (each backend, each runtime, each A/B arm of each split route, and
+the whole gateway), so label-like cardinality and memory are bounded no matter what clients send.
+The book reads no clock: each Outcome carries `finished_at` (the Recorder stamps it with the app's
+clock) and each query is given `now`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..metrics import NONE, Outcome
+from ..settings import Settings
+from .window import Sample, Series
+
+WeightsFn = Callable[[str], Mapping[str, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """What a group is (for reports and pricing) and its windows."""
+
+    kind: str  # "backend" | "runtime" | "arm" | "total"
+    name: str
+    backends: tuple[str, ...]
+    runtime: str | None
+    route: str | None
+    series: Series
+
+
+def configured_weights(settings: Settings) -> WeightsFn:
+    """The split weights as configured; the default source of `weights` when nothing changes them live."""
+    table = {
+        r.model: {a.name: a.weight for a in r.split.arms} for r in settings.routes if r.split is not None
+    }
+    return lambda model: table.get(model, {})
+
+
+def is_error(status: str) -> bool:
+    """Errors for the error rate: anything but 2xx, except a client that hung up (not the backend's fault)."""
+    return not status.startswith("2") and status != "client_closed"
+
+
+def to_sample(o: Outcome) -> Sample:
+    usage = o.usage
+    gaps = tuple(o.gaps_s)
+    prompt = usage.prompt_tokens if usage else 0
+    completion = usage.completion_tokens if usage else 0
+    tpot = None
+    if o.ttft_s is not None and completion > 1:
+        tpot = max(o.duration_s - o.ttft_s, 0.0) / (completion - 1)
+    return Sample(
+        at=o.finished_at, error=is_error(o.status), prompt_tokens=prompt, completion_tokens=completion,
+        cached_tokens=(usage.cached_tokens or 0) if usage else 0, ttft_s=o.ttft_s, gaps_s=gaps,
+        tpot_s=tpot, e2e_s=o.duration_s, sla=o.sla,
+    )
+
+
+class StatsBook:
+    def __init__(
+        self, settings: Settings, *, started_at: float, weights: WeightsFn | None = None, seed: int = 0
+    ) -> None:
+        self.settings = settings
+        self.started_at = started_at
+        self.weights: WeightsFn = weights if weights is not None else configured_weights(settings)
+        self._rng = random.Random(seed)
+        self.prices = {b.name: b.usd_per_hour for b in settings.backends}
+
+        def group(kind: str, name: str, backends: list[str], runtime: str | None = None,
+                  route: str | None = None) -> Group:
+            return Group(kind, name, tuple(backends), runtime, route, Series(started_at, self._rng))
+
+        self.backends = {
+            b.name: group("backend", b.name, [b.name], b.runtime.value) for b in settings.backends
+        }
+        runtimes: dict[str, list[str]] = {}
+        for b in settings.backends:
+            runtimes.setdefault(b.runtime.value, []).append(b.name)
+        self.runtimes = {rt: group("runtime", rt, names, rt) for rt, names in runtimes.items()}
+        self.arms: dict[tuple[str, str], Group] = {}
+        for r in settings.routes:
+            if r.split is not None:
+                for a in r.split.arms:
+                    self.arms[(r.model, a.name)] = group("arm", a.name, a.backends, route=r.model)
+        self.total = group("total", "all", [b.name for b in settings.backends])
+
+    def record(self, o: Outcome) -> None:
+        sample = to_sample(o)
+        targets = [self.total]
+        if o.backend != NONE and o.backend in self.backends:
+            targets.append(self.backends[o.backend])
+            rt = self.runtimes.get(o.runtime)
+            if rt is not None:
+                targets.append(rt)
+        if o.arm is not None:
+            arm = self.arms.get((o.model, o.arm))
+            if arm is not None:
+                targets.append(arm)
+        for g in targets:
+            g.series.add(sample)
+
+    def all_groups(self) -> list[Group]:
+        return [*self.backends.values(), *self.runtimes.values(), *self.arms.values(), self.total]
+
+    def advance(self, now: float) -> None:
+        for g in self.all_groups():
+            g.series.advance(now)

@@ -1,0 +1,58 @@
+"""One group's figures over one window: rates, percentiles, error rate, cache share, SLA, cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .book import Group, StatsBook
+from .cost import group_price, usd_per_million
+from .quantiles import summary
+from .window import View
+
+
+def _rate(count: int, span_s: int) -> float | None:
+    return count / span_s if span_s > 0 else None
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, Any]:
+    g.series.advance(now)
+    v: View = g.series.view(now, window_s)
+    bs = v.buckets
+    requests = sum(b.requests for b in bs)
+    errors = sum(b.errors for b in bs)
+    prompt = sum(b.prompt_tokens for b in bs)
+    completion = sum(b.completion_tokens for b in bs)
+    cached = sum(b.cached_tokens for b in bs)
+    met = sum(b.sla_met for b in bs)
+    missed = sum(b.sla_missed for b in bs)
+    out_tps = _rate(completion, v.span_s)
+    price = group_price(book.prices.get(n) for n in g.backends)
+    peak = g.series.peak_output_tps or None
+    return {
+        "span_s": v.span_s,
+        "requests": requests,
+        "errors": errors,
+        "requests_per_s": _rate(requests, v.span_s),
+        "error_rate": _ratio(errors, requests),
+        "prompt_tokens": prompt,
+        "output_tokens": completion,
+        "cached_tokens": cached,
+        "prompt_tokens_per_s": _rate(prompt, v.span_s),
+        "output_tokens_per_s": out_tps,
+        "cached_token_share": _ratio(cached, prompt),
+        "ttft_s": summary(b.ttft for b in bs),
+        "itl_s": summary(b.itl for b in bs),
+        "tpot_s": summary(b.tpot for b in bs),
+        "e2e_s": summary(b.e2e for b in bs),
+        "sla": {"met": met, "missed": missed, "attainment": _ratio(met, met + missed)},
+        "cost": {
+            "usd_per_hour": price,
+            "usd_per_million_output_tokens": usd_per_million(price, out_tps),
+            "best_output_tokens_per_s": peak,
+            "usd_per_million_output_tokens_at_best": usd_per_million(price, peak),
+        },
+    }

@@ -1,0 +1,46 @@
+"""Live comparison figures as Prometheus gauges, computed from the stats book at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from .book import StatsBook
+from .figures import figures
+
+LIVE_WINDOW_S = 60
+
+
+class LiveCollector:
+    """`gateway_backend_output_tokens_per_second` and `gateway_backend_cost_per_million_tokens_usd`
+    over the last 60 s, per backend (a backend without a price or without traffic has no cost sample)."""
+
+    def __init__(self, book: StatsBook, clock: Callable[[], float]) -> None:
+        self._book = book
+        self._clock = clock
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["backend", "runtime"]
+        tps = GaugeMetricFamily(
+            "gateway_backend_output_tokens_per_second",
+            f"Output tokens/s per backend over the last {LIVE_WINDOW_S} s, measured at the gateway.", labels=labels,
+        )
+        cost = GaugeMetricFamily(
+            "gateway_backend_cost_per_million_tokens_usd",
+            f"usd_per_hour / (3600 x output tokens/s) x 1e6 over the last {LIVE_WINDOW_S} s.", labels=labels,
+        )
+        now = self._clock()
+        for g in self._book.backends.values():
+            f = figures(self._book, g, now, LIVE_WINDOW_S)
+            lv = [g.name, g.runtime or ""]
+            tps.add_metric(lv, f["output_tokens_per_s"] or 0.0)
+            usd = f["cost"]["usd_per_million_output_tokens"]
+            if usd is not None:
+                cost.add_metric(lv, usd)
+        yield tps
+        yield cost

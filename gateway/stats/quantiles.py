@@ -1,0 +1,107 @@
+"""Bounded sample reservoirs and weighted nearest-rank percentiles.
+
+Why reservoirs and not a sketch: tests (and operators) can check a percentile against the exact
+samples fed in, as long as a bucket holds fewer samples than its cap. Past the cap, a bucket keeps a
+uniform random sample (Vitter's algorithm R with an injected, seeded RNG) and remembers how many it
+saw, so merging buckets of unequal load weights each retained sample by `seen / kept`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from array import array
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
+
+
+class Reservoir:
+    """At most `cap` samples out of `seen`, uniformly chosen; memory is O(cap)."""
+
+    __slots__ = ("cap", "seen", "values")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.seen = 0
+        self.values = array("d")
+
+    def add(self, value: float, rng: random.Random) -> None:
+        self.seen += 1
+        if len(self.values) < self.cap:
+            self.values.append(value)
+            return
+        j = rng.randrange(self.seen)
+        if j < self.cap:
+            self.values[j] = value
+
+    @property
+    def weight(self) -> float:
+        """How many observed samples each retained sample stands for."""
+        return self.seen / len(self.values) if self.values else 0.0
+
+
+def weighted_samples(reservoirs: Iterable[Reservoir]) -> list[tuple[float, float]]:
+    """(value, weight) pairs of every retained sample, sorted by value."""
+    out: list[tuple[float, float]] = []
+    for r in reservoirs:
+        w = r.weight
+        out.extend((v, w) for v in r.values)
+    out.sort()
+    return out
+
+
+def percentile(sorted_pairs: Sequence[tuple[float, float]], q: float) -> float | None:
+    """Weighted nearest-rank percentile: the smallest value whose cumulative weight reaches q × total.
+
+    With unit weights this is the textbook nearest-rank definition, `sorted[ceil(q·n) - 1]`.
+    """
+    if not sorted_pairs:
+        return None
+    total = math.fsum(w for _, w in sorted_pairs)
+    target = q * total * (1 - 1e-12)
+    acc = 0.0
+    for value, w in sorted_pairs:
+        acc += w
+        if acc >= target:
+            return value
+    return sorted_pairs[-1][0]
+
+
+def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """Unweighted nearest-rank percentile of an already sorted, non-empty sequence."""
+    k = max(math.ceil(q * len(sorted_values) - 1e-9), 1)
+    return sorted_values[k - 1]
+
+
+def summary(reservoirs: Iterable[Reservoir], qs: Sequence[float] = (0.5, 0.95, 0.99)) -> dict[str, float | int | None]:
+    """p50/p95/p99 (keys "p50", ...) plus `n`, the number of observations behind them.
+
+    Fast path: while no bucket overflowed its cap every weight is 1 and a plain float sort gives the
+    exact nearest-rank values; otherwise one weighted pass serves all the requested percentiles.
+    """
+    rs = [r for r in reservoirs if r.values]
+    keys = [f"p{round(q * 100)}" for q in qs]
+    n_seen = sum(r.seen for r in rs)
+    out: dict[str, float | int | None] = dict.fromkeys(keys)
+    out["n"] = n_seen
+    if not rs:
+        return out
+    values: list[float] = []
+    for r in rs:
+        values.extend(r.values)
+    if n_seen == len(values):
+        values.sort()
+        for key, q in zip(keys, qs, strict=True):
+            out[key] = nearest_rank(values, q)
+        return out
+    weights: list[float] = []
+    for r in rs:
+        weights.extend([r.weight] * len(r.values))
+    order = sorted(range(len(values)), key=values.__getitem__)
+    cumulative = list(accumulate([weights[i] for i in order]))
+    total = cumulative[-1]
+    for key, q in zip(keys, qs, strict=True):
+        k = min(bisect.bisect_left(cumulative, q * total * (1 - 1e-12)), len(order) - 1)
+        out[key] = values[order[k]]
+    return out

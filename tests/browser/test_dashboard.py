@@ -1,0 +1,80 @@
+"""The dashboard in a real headless Chromium: charts render, the page keeps updating, and it looks right.
+
+Set GATEWAY_DASHBOARD_PNG=docs/dashboard.png to keep the screenshot (taken after
+GATEWAY_DASHBOARD_WAIT_S more seconds of load, default 90, so the charts show some history)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from tests.integration.harness import GatewayProcess
+
+from .conftest import CHROMIUM
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium(tmp: Path, *args: str) -> str:
+    assert CHROMIUM is not None
+    profile = tmp / f"profile-{time.monotonic_ns()}"
+    out = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1000", *args],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return out.stdout
+
+
+def dump(tmp: Path, url: str) -> str:
+    return chromium(tmp, "--virtual-time-budget=7000", "--dump-dom", url)
+
+
+def attr(dom: str, name: str) -> int:
+    m = re.search(rf'<body[^>]*\b{name}="(\d+)"', dom)
+    assert m, f"no {name} on <body>"
+    return int(m.group(1))
+
+
+def test_dashboard_renders_charts_and_updates_live(loaded_gateway: GatewayProcess, tmp_path: Path) -> None:
+    time.sleep(12)  # let a completed 10-s step of history exist
+    url = loaded_gateway.url + "/dashboard"
+    first = dump(tmp_path, url)
+    assert attr(first, "data-updates") >= 2  # it polled more than once within the virtual-time budget
+    for scope in ("runtime", "backend"):
+        for chart in ("output_tokens_per_s", "ttft_p50_s", "itl_p50_s", "usd_per_million_output_tokens"):
+            assert f'data-chart="{scope}-{chart}"' in first
+    paths = re.findall(r'<path d="(M[^"]+)"[^>]*data-series="([^"]+)"', first)
+    assert {name for _, name in paths} >= {"vllm", "sglang", "trtllm", "triton", "vllm-a", "sglang-a"}
+    assert all(re.fullmatch(r"([ML][\d.]+ [\d.-]+ ?)+", d) for d, _ in paths)
+    assert 'data-route="ab"' in first  # the A/B verdict card
+    assert "not enough data yet" in first or "no significant difference" in first or "lower (95% CI" in first
+
+    time.sleep(2.5)
+    second = dump(tmp_path, url)
+    assert attr(second, "data-total-requests") != attr(first, "data-total-requests")
+
+    keep = os.environ.get("GATEWAY_DASHBOARD_PNG")
+    if keep:
+        time.sleep(float(os.environ.get("GATEWAY_DASHBOARD_WAIT_S", "90")))  # more history for the docs picture
+    shot = tmp_path / "dashboard.png"
+    chromium(tmp_path, "--virtual-time-budget=5000", "--hide-scrollbars", f"--screenshot={shot}", url)
+    assert shot.stat().st_size > 20_000
+    if keep:
+        shutil.copyfile(shot, keep)
+
+
+def test_dashboard_is_self_contained(loaded_gateway: GatewayProcess) -> None:
+    page = loaded_gateway.get("/dashboard")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    srcs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert srcs
+    assert all(s.startswith("/dashboard/static/") for s in srcs)
+    for s in srcs:
+        assert loaded_gateway.get(s).status_code == 200
+    assert loaded_gateway.get("/dashboard/static/missing.js").status_code == 404
