@@ -40,7 +40,8 @@ Point any OpenAI SDK at it:
     )
     print(reply.choices[0].message.content)
 
-Backends and their live load: {url}/admin/backends    Prometheus: {url}/metrics
+Live runtime comparison: {url}/dashboard   (JSON: {url}/admin/compare, terminal: gateway compare --url {url})
+Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
 """
 
 
