@@ -1,12 +1,70 @@
-"""The values a routing policy sees and returns. Policies are pure: no I/O, no clock, no globals."""
+"""The values a routing policy sees and returns. Policies are pure: no I/O, no clock, no globals.
+
+A snapshot is "everything a policy may know at decision time": frozen per-backend views plus two
+read-only windows onto learned state (the prefix index and the latency models). Those two are live
+objects rather than copies because copying 16 backends' worth of prefix entries per request would
+cost more than the decision itself; they are only mutated between decisions (the gateway is one
+asyncio thread and `choose` never awaits), so a policy still sees a consistent state.
+"""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from backends.base import Runtime
+
+if TYPE_CHECKING:
+    from .latency import LatencyModel
+
+CHARS_PER_TOKEN = 4  # the char-based token approximation (no tokenizer in the gateway)
+UNIT_TOKENS = 16  # the base hashing block; coarser engine blocks are whole multiples of it
+UNIT_CHARS = UNIT_TOKENS * CHARS_PER_TOKEN
+
+
+def stride_for(block_size: int | None) -> int:
+    """Base units per engine block: the engine's granularity rounded up to a multiple of 16 tokens.
+
+    SGLang reports 1 (a radix tree caches any token run) and TRT-LLM 32/64, vLLM 16 (GPU) or 128
+    (CPU); unknown means vLLM's GPU default. Hashing finer than 16 tokens would cost more per request
+    than it could gain in prediction accuracy.
+    """
+    if not block_size or block_size <= UNIT_TOKENS:
+        return 1
+    return -(-block_size // UNIT_TOKENS)
+
+
+@dataclass(frozen=True, slots=True)
+class SlaTarget:
+    """A request's latency targets from `x-sla-ttft-ms` / `x-sla-tpot-ms` / `x-sla-strict`."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What `describe` extracts from a request, once, for every policy.
+
+    `chain[i]` is a running hash of the rendered prompt's first `(i + 1) * UNIT_CHARS` characters
+    (namespaced by the prefix key when there is one), so the chain for any engine granularity is a
+    stride over it, and a prefix match is a run from the start.
+    """
+
+    chain: tuple[int, ...] = ()
+    prompt_bytes: int = 0  # length of the hashed byte stream (chars for ASCII text, 4 per token id)
+    prompt_tokens: int = 0  # estimate: chars / CHARS_PER_TOKEN
+    affinity_key: int | None = None  # the rendezvous key: prefix key, else session, else first block
+    prefix_key: str | None = None
+    session_key: str | None = None
+    sticky_key: str | None = None  # for A/B arms: session, else body `user`, else a digest of the API key
+    sla: SlaTarget | None = None
+
+
+NO_FEATURES = RequestFeatures()
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +79,8 @@ class BackendView:
     running: float | None
     kv_usage: float | None
     usd_per_hour: float | None
+    block_size: int | None = None  # engine-reported prefix-cache granularity (tokens); None = unknown
+    output_tokens_per_s: float | None = None  # best recent measured decode throughput; None = unknown
 
     @property
     def load_score(self) -> float:
@@ -28,9 +88,28 @@ class BackendView:
         return self.in_flight + (self.waiting or 0.0)
 
 
+class PrefixLookup(Protocol):
+    """Read-only view of a prefix index: how many leading blocks of `chain` (at `stride` base units
+    per block) `backend` is believed to hold."""
+
+    def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int: ...
+
+
+class _NoPrefixes:
+    """The lookup of a gateway that has not sent anything yet."""
+
+    def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
+        return 0
+
+
+NO_PREFIXES: PrefixLookup = _NoPrefixes()
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     backends: tuple[BackendView, ...]
+    prefix: PrefixLookup = NO_PREFIXES
+    latency: Mapping[str, LatencyModel] = field(default_factory=dict)  # by backend name; absent = unknown
 
     def healthy(self, exclude: frozenset[str] = frozenset()) -> tuple[BackendView, ...]:
         return tuple(b for b in self.backends if b.healthy and b.name not in exclude)
@@ -43,12 +122,24 @@ class RouteRequest:
     model: str
     seq: int  # a per-route request counter, so round robin stays a pure function
     exclude: frozenset[str] = frozenset()  # backends already tried for this request
+    features: RequestFeatures = NO_FEATURES  # from `describe`, once per request
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """A choice, with a low-cardinality `reason` for metrics and the response headers.
+
+    `reject` is set only by SLA-strict routing when no backend can meet the target: the proxy must
+    then answer 429 with `Retry-After: ceil(retry_after_s)` instead of sending to `backend` (which
+    names the best-effort candidate, for logs).
+    """
+
     backend: str
-    reason: str  # low-cardinality: "round_robin", "least_load", ...
+    reason: str  # "round_robin", "least_load", "affinity", "hash", "spill", "sla", "sla_miss", "cost", ...
+    expected_hit_tokens: int = 0  # what the prefix index predicts the backend has cached
+    predicted_ttft_s: float | None = None
+    reject: bool = False
+    retry_after_s: float | None = None
 
 
 class Policy(Protocol):

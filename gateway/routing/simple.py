@@ -39,5 +39,3 @@ class LeastLoad:
         best = a if a.load_score <= b.load_score else b
         return Decision(best.name, self.name)
 
-
-POLICIES = {p.name: p for p in (RoundRobin(), LeastLoad())}

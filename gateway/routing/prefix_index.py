@@ -1,0 +1,175 @@
+"""What each backend probably has in its prefix cache, from what the gateway sent it.
+
+Per backend, an LRU of block hash -> tick of the last send that contained it, bounded to `capacity`
+entries. Engines cache prompts in chained blocks and evict least-recently-used blocks, so mirroring
+that with the same chained hashes predicts their hits without asking them.
+
+Lookup is the run of leading blocks present, found in O(log blocks) probes instead of a walk over
+every block for every backend (a hot prefix held by 16 backends would cost ~750 probes). That is
+exact because of prefix closure: `record` inserts a chain deepest-first, so a block's ancestors are
+always at least as recent as the block itself (every send containing a block passes through its
+ancestors), and LRU eviction removes tails before heads, like the engines' own LRU. Corrections
+(`observe`, `abandon`) can break closure: cutting chain C at block k leaves deeper blocks of longer
+chains through C[k] orphaned. So each backend remembers the tick of its last cut; a binary-search
+answer whose deepest block was recorded after it is exact, and an older one is re-checked by a
+linear walk (in C) that stops at the first miss.
+
+Engines are the ground truth: after a response, `observe` compares the engine-reported cached
+tokens with what the index predicted at send time and forgets the blocks the engine no longer had.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import takewhile
+
+from .base import UNIT_CHARS, UNIT_TOKENS, RequestFeatures, stride_for
+
+DEFAULT_CAPACITY = 50_000  # entries per backend: ~5 MB each, ~800k tokens at 16 tokens per block
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The index's memory of one dispatch, handed back to `observe` or `abandon`."""
+
+    backend: str
+    chain: tuple[int, ...]
+    stride: int
+    prompt_bytes: int
+    predicted_blocks: int  # leading blocks the index believed the backend had before this send
+    tick: int
+
+    @property
+    def predicted_tokens(self) -> int:
+        return self.predicted_blocks * self.stride * UNIT_TOKENS
+
+
+class PrefixIndex:
+    """Per-backend LRU of chained block hashes. Pure state: no clock, no I/O."""
+
+    def __init__(self, *, capacity: int = DEFAULT_CAPACITY, slack_blocks: int = 1) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        # Engines never report the last prompt token as cached and round to their own blocks; a
+        # shortfall of up to `slack_blocks` is noise, not eviction.
+        self.slack_blocks = slack_blocks
+        self._lru: dict[str, OrderedDict[int, int]] = {}
+        self._tick = 0
+        self._cut: dict[str, int] = {}  # per backend: the tick of the last correction
+        self._stride: dict[str, int] = {}
+        self._last: tuple[tuple[int, ...], int, int] = ((), 0, 0)  # (chain, stride, run) of the last search
+
+    def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
+        """Leading blocks of `chain` (at `stride` units per block) believed cached on `backend`:
+        the run from the first block up to the first miss (see the module docstring for how)."""
+        entries = self._lru.get(backend)
+        if not entries or len(chain) < stride or chain[stride - 1] not in entries:
+            return 0
+        blocks = len(chain) // stride
+        tick = entries.get(chain[blocks * stride - 1])
+        if tick is not None:
+            found = blocks
+        else:
+            # The run length found for the previous backend on this same chain is the likely answer
+            # here too (holders of a hot prefix share it): two probes confirm it.
+            last_chain, last_stride, hint = self._last
+            if (
+                last_chain is chain and last_stride == stride and 0 < hint < blocks
+                and chain[hint * stride - 1] in entries and chain[(hint + 1) * stride - 1] not in entries
+            ):
+                found = hint
+            else:
+                lo, hi = 1, blocks - 1  # block lo-1 is present, block hi is absent
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if chain[mid * stride - 1] in entries:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                found = lo
+            tick = entries[chain[found * stride - 1]]
+            self._last = (chain, stride, found)
+        if tick > self._cut.get(backend, 0) and self._stride.get(backend) == stride:
+            return found  # recorded after the last cut: its whole run is present
+        walk = chain if stride == 1 else chain[stride - 1 :: stride]
+        return len(list(takewhile(entries.__contains__, walk)))  # exact, in C
+
+    def holds(self, backend: str, block_hash: int) -> bool:
+        """Whether `block_hash` is in `backend`'s LRU (for tests and debugging)."""
+        entries = self._lru.get(backend)
+        return entries is not None and block_hash in entries
+
+    def record(self, backend: str, features: RequestFeatures, *, block_size: int | None) -> Sent:
+        """Remember that `backend` was sent this prompt (call when the request is dispatched)."""
+        chain = features.chain
+        stride = stride_for(block_size)
+        predicted = self.match(backend, chain, stride)
+        if self._stride.get(backend, stride) != stride:  # mixed granularities break the run shape
+            self._cut[backend] = self._tick
+        self._stride[backend] = stride
+        self._tick += 1
+        tick = self._tick
+        entries = self._lru.get(backend)
+        if entries is None:
+            entries = self._lru[backend] = OrderedDict()
+        move = entries.move_to_end
+        for end in range((len(chain) // stride) * stride, 0, -stride):  # deepest first
+            key = chain[end - 1]
+            entries[key] = tick
+            move(key)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+        return Sent(backend, chain, stride, features.prompt_bytes, predicted, tick)
+
+    def observe(self, sent: Sent, *, cached_tokens: int | None, prompt_tokens: int | None) -> int:
+        """Correct the index with the engine's report for `sent`; returns how many blocks it forgot.
+
+        The engine's cached share of the prompt (cached / prompt tokens, both in its own tokens)
+        is mapped onto our blocks, so the char-per-token approximation cancels out.
+        """
+        if cached_tokens is None or not prompt_tokens or prompt_tokens <= 0:
+            return 0
+        share = min(max(cached_tokens / prompt_tokens, 0.0), 1.0)
+        kept = math.floor(share * sent.prompt_bytes / (UNIT_CHARS * sent.stride) + 1e-9)
+        if kept + self.slack_blocks >= sent.predicted_blocks:
+            return 0
+        return self._forget_from(sent, kept)
+
+    def abandon(self, sent: Sent) -> int:
+        """The send never reached the engine (connect error, 429/503): undo what it added."""
+        return self._forget_from(sent, sent.predicted_blocks)
+
+    def _forget_from(self, sent: Sent, first_block: int) -> int:
+        entries = self._lru.get(sent.backend)
+        if not entries:
+            return 0
+        forgotten = 0
+        self._cut[sent.backend] = self._tick
+        stride, chain = sent.stride, sent.chain
+        for end in range((first_block + 1) * stride, len(chain) + 1, stride):
+            key = chain[end - 1]
+            tick = entries.get(key)
+            if tick is not None and tick <= sent.tick:  # a later send re-confirmed newer blocks
+                del entries[key]
+                forgotten += 1
+        return forgotten
+
+    def forget(self, backend: str) -> None:
+        """The backend restarted or was ejected: its cache is gone."""
+        self._lru.pop(backend, None)
+        self._cut.pop(backend, None)
+        self._stride.pop(backend, None)
+
+    def retain(self, backends: Iterable[str]) -> None:
+        """Drop every backend not in `backends` (after a config reload)."""
+        keep = set(backends)
+        for name in [n for n in self._lru if n not in keep]:
+            self.forget(name)
+
+    def size(self, backend: str) -> int:
+        entries = self._lru.get(backend)
+        return len(entries) if entries else 0

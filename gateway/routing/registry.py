@@ -1,0 +1,12 @@
+"""Policies by the names the config uses (`Route.policy`). Policies are stateless; one instance
+serves every route."""
+
+from __future__ import annotations
+
+from .affinity import PrefixAffinity
+from .base import Policy
+from .cost import Cost
+from .simple import LeastLoad, RoundRobin
+from .sla import Sla
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (RoundRobin(), LeastLoad(), PrefixAffinity(), Sla(), Cost())}

@@ -1,0 +1,131 @@
+"""Reusable filters and scorers that the policies are composed of.
+
+Filters narrow the candidates (healthy and not yet tried, under the load bound, meeting the SLA);
+scorers turn a candidate into a sort key component (expected prefix hit, load, cost, rendezvous).
+A policy is a ranking plus a walk down it that skips what a filter rejects, so `sla` and `cost`
+share the prefix scorer and the load guard with `prefix_affinity` instead of re-deriving them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from .base import UNIT_TOKENS, BackendView, RequestFeatures, Snapshot, stride_for
+from .hashing import hrw
+
+DEFAULT_LOAD_FACTOR = 1.25  # Mirrokni et al.'s bounded-load consistent hashing uses c = 1.25
+DEFAULT_SLACK = 1.0
+COST_TIE = math.log(1.05)  # costs within ~5% of each other are equal; prefix hit and load decide
+
+
+def load_bound(candidates: Sequence[BackendView], *, load_factor: float, slack: float) -> float:
+    """The most load a backend may carry and still be chosen: `load_factor` x mean + `slack`.
+
+    Always at least the minimum load (min <= mean), so some candidate is always under the bound.
+    """
+    return load_factor * sum(v.load_score for v in candidates) / len(candidates) + slack
+
+
+def hit_tokens(snapshot: Snapshot, features: RequestFeatures, view: BackendView) -> int:
+    """Prompt tokens the prefix index expects `view` to serve from its cache."""
+    if not features.chain:
+        return 0
+    stride = stride_for(view.block_size)
+    return snapshot.prefix.match(view.name, features.chain, stride) * stride * UNIT_TOKENS
+
+
+def hits_for(snapshot: Snapshot, features: RequestFeatures, candidates: Sequence[BackendView]) -> list[int]:
+    """`hit_tokens` for every candidate, in one tight loop (this runs on every decision)."""
+    chain = features.chain
+    if not chain:
+        return [0] * len(candidates)
+    match = snapshot.prefix.match
+    out = []
+    for view in candidates:
+        bs = view.block_size
+        stride = 1 if not bs or bs <= UNIT_TOKENS else -(-bs // UNIT_TOKENS)
+        out.append(match(view.name, chain, stride) * stride * UNIT_TOKENS)
+    return out
+
+
+def cost_per_output_token(view: BackendView) -> float | None:
+    """Live USD per output token: price per hour / tokens per hour; None when either is unknown."""
+    tps = view.output_tokens_per_s
+    if view.usd_per_hour is None or tps is None or tps <= 0:
+        return None
+    return view.usd_per_hour / (3600.0 * tps)
+
+
+def cost_rank(view: BackendView) -> tuple[int, float]:
+    """A sort key: known costs first, grouped into ~5% bands so near-ties fall to the next scorer."""
+    cost = cost_per_output_token(view)
+    if cost is None:
+        return (1, 0.0)
+    if cost <= 0:
+        return (0, -math.inf)
+    return (0, float(round(math.log(cost) / COST_TIE)))
+
+
+def least_loaded(candidates: Sequence[BackendView], key: int | None) -> BackendView:
+    """Lowest load; ties go to the rendezvous winner (or config order without a key)."""
+    if key is None:
+        return min(candidates, key=lambda v: v.load_score)
+    return min(candidates, key=lambda v: (v.load_score, -hrw(key, v.name)))
+
+
+def by_rendezvous(candidates: Sequence[BackendView], key: int) -> list[BackendView]:
+    """Candidates from the highest rendezvous score down: every process ranks alike."""
+    return sorted(candidates, key=lambda v: hrw(key, v.name), reverse=True)
+
+
+def pick(
+    candidates: Sequence[BackendView], primary: Callable[[BackendView], tuple[float, ...]], key: int | None
+) -> BackendView:
+    """The candidate with the smallest `primary` key; ties go to the highest rendezvous score for
+    `key` (computed for the tied candidates only), or to config order without a key."""
+    best: list[BackendView] = []
+    best_key: tuple[float, ...] | None = None
+    for view in candidates:
+        k = primary(view)
+        if best_key is None or k < best_key:
+            best, best_key = [view], k
+        elif k == best_key:
+            best.append(view)
+    if len(best) == 1 or key is None:
+        return best[0]
+    return max(best, key=lambda v: hrw(key, v.name))
+
+
+def walk(ranked: Sequence[BackendView], admissible: Callable[[BackendView], bool]) -> tuple[BackendView, bool]:
+    """The first admissible candidate and whether it was not the first choice (a spill). Falls back
+    to the least loaded when nothing is admissible (never the case for the load bound)."""
+    for i, view in enumerate(ranked):
+        if admissible(view):
+            return view, i > 0
+    return min(ranked, key=lambda v: v.load_score), True
+
+
+class Prediction(NamedTuple):
+    """One backend's predicted latency for one request (None = not learned yet). A named tuple, not
+    a frozen dataclass: one is built per candidate per decision, and frozen init is 5x slower."""
+
+    view: BackendView
+    hit_tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+
+
+def predict(snapshot: Snapshot, features: RequestFeatures, view: BackendView, hit: int) -> Prediction:
+    """The readable form of what `sla.screen` computes inline for every candidate."""
+    model = snapshot.latency.get(view.name)
+    if model is None:
+        return Prediction(view, hit, None, None)
+    running = view.running if view.running is not None else float(view.in_flight)
+    return Prediction(
+        view,
+        hit,
+        model.ttft_s(max(features.prompt_tokens - hit, 0), view.waiting),
+        model.tpot_s(running + 1),
+    )

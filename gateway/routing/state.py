@@ -1,0 +1,131 @@
+"""The routing memory the proxy feeds: prefix index + per-backend latency estimators.
+
+This is the only mutable routing state. It lives in the proxy (one per gateway process), is read by
+policies through `snapshot()`, and is updated with explicit values at four points of a request:
+`dispatched` (a backend was chosen and the request sent), `first_token`, `completed`, `failed`.
+It never reads a clock: durations come in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .base import BackendView, RequestFeatures, Snapshot
+from .latency import LatencyEstimator, LatencyModel
+from .prefix_index import DEFAULT_CAPACITY, PrefixIndex, Sent
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One dispatched request's routing bookkeeping, from `dispatched` to `completed`/`failed`."""
+
+    sent: Sent
+    uncached_tokens: float
+    ahead_tokens: float  # uncached prefill this gateway had queued on the backend before this one
+    running: float  # the backend's batch when we sent (engine-reported, else our in-flight count)
+    prefilled: bool = False
+
+    @property
+    def backend(self) -> str:
+        return self.sent.backend
+
+
+class RoutingState:
+    """Prefix index and latency estimators, with the request-lifecycle hooks the proxy calls."""
+
+    def __init__(self, *, capacity: int = DEFAULT_CAPACITY, alpha: float = 0.2) -> None:
+        self.index = PrefixIndex(capacity=capacity)
+        self.alpha = alpha
+        self._estimators: dict[str, LatencyEstimator] = {}
+        # Frozen models republished after every change (a few per request), so a decision reads a
+        # plain dict instead of asking 16 estimators.
+        self._models: dict[str, LatencyModel] = {}
+
+    @property
+    def latency(self) -> Mapping[str, LatencyModel]:
+        return self._models
+
+    def _publish(self, backend: str) -> None:
+        self._models[backend] = self._estimators[backend].model
+
+    def estimator(self, backend: str) -> LatencyEstimator:
+        """The backend's estimator (read it freely; feed it through this class so the snapshot's
+        models stay current)."""
+        est = self._estimators.get(backend)
+        if est is None:
+            est = self._estimators[backend] = LatencyEstimator(alpha=self.alpha)
+        return est
+
+    def observe(
+        self,
+        backend: str,
+        *,
+        work_tokens: float | None = None,
+        ttft_s: float | None = None,
+        running: float | None = None,
+        itl_s: float | None = None,
+    ) -> None:
+        """Feed one backend's estimator directly (warm-up, replays, tests)."""
+        est = self.estimator(backend)
+        if work_tokens is not None and ttft_s is not None:
+            est.observe_ttft(work_tokens=work_tokens, ttft_s=ttft_s)
+        if running is not None and itl_s is not None:
+            est.observe_itl(running=running, itl_s=itl_s)
+        self._publish(backend)
+
+    def snapshot(self, base: Snapshot) -> Snapshot:
+        """`base` (the pool's views) with this state's prefix index and latency models attached."""
+        return Snapshot(base.backends, self.index, self.latency)
+
+    def dispatched(self, view: BackendView, features: RequestFeatures) -> Ticket:
+        """The request is being sent to `view`'s backend (call right before sending)."""
+        sent = self.index.record(view.name, features, block_size=view.block_size)
+        uncached = float(max(features.prompt_tokens - sent.predicted_tokens, 0))
+        ahead = self.estimator(view.name).dispatched(uncached)
+        self._publish(view.name)
+        running = view.running if view.running is not None else float(view.in_flight)
+        return Ticket(sent, uncached, ahead, running)
+
+    def first_token(self, ticket: Ticket, ttft_s: float | None) -> None:
+        """The first token arrived after `ttft_s` (None when unmeasured, e.g. non-streaming)."""
+        if ticket.prefilled:
+            return
+        ticket.prefilled = True
+        est = self.estimator(ticket.backend)
+        est.prefilled(ticket.uncached_tokens)
+        if ttft_s is not None:
+            est.observe_ttft(work_tokens=ticket.ahead_tokens + ticket.uncached_tokens, ttft_s=ttft_s)
+        self._publish(ticket.backend)
+
+    def completed(
+        self,
+        ticket: Ticket,
+        *,
+        cached_tokens: int | None,
+        prompt_tokens: int | None,
+        itl_s: float | None,
+    ) -> None:
+        """The response ended: correct the index with the engine's usage, learn the mean ITL."""
+        self.first_token(ticket, None)
+        self.index.observe(ticket.sent, cached_tokens=cached_tokens, prompt_tokens=prompt_tokens)
+        if itl_s is not None:
+            self.observe(ticket.backend, running=ticket.running + 1, itl_s=itl_s)
+
+    def failed(self, ticket: Ticket, *, reached_engine: bool) -> None:
+        """The attempt failed. When the engine provably did no work (connect error, 429, 503) the
+        blocks this send added are forgotten; otherwise the engine may hold them and they stay."""
+        self.first_token(ticket, None)
+        if not reached_engine:
+            self.index.abandon(ticket.sent)
+
+    def forget(self, backend: str) -> None:
+        """The backend restarted or was ejected: its cache is gone (latency knowledge is kept)."""
+        self.index.forget(backend)
+
+    def retain(self, backends: Iterable[str]) -> None:
+        keep = set(backends)
+        self.index.retain(keep)
+        for name in [n for n in self._estimators if n not in keep]:
+            del self._estimators[name]
+            self._models.pop(name, None)

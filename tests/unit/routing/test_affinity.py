@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.routing import POLICIES, PrefixAffinity, RequestFeatures, RoutingState, Snapshot
+
+from .helpers import RNG, doc, features, req, snap, view, warm
+
+POLICY = PrefixAffinity()
+
+
+def test_new_prefix_is_placed_by_rendezvous_and_repeats_follow_the_index() -> None:
+    state = RoutingState()
+    views = [view(n) for n in "abcd"]
+    f = features(doc(1))
+    first = POLICY.choose(req(f), snap(state, *views), RNG)
+    assert first is not None
+    assert first.reason == "hash"
+    warm(state, views["abcd".index(first.backend)], f)
+    again = POLICY.choose(req(features(doc(1), "a different question")), snap(state, *views), RNG)
+    assert again is not None
+    assert (again.backend, again.reason) == (first.backend, "affinity")
+    assert again.expected_hit_tokens > 0
+
+
+def test_longest_expected_hit_wins_over_a_shorter_one() -> None:
+    state = RoutingState()
+    views = [view(n) for n in "abcd"]
+    base = doc(1, 4096)
+    warm(state, views[0], features(base[:1024]))
+    warm(state, views[2], features(base[:3072]))
+    choice = POLICY.choose(req(features(base)), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("c", "affinity")
+
+
+def test_equal_hits_go_to_the_less_loaded_holder() -> None:
+    state = RoutingState()
+    f = features(doc(1))
+    for name in "ab":
+        warm(state, view(name), f)
+    choice = POLICY.choose(req(f), snap(state, view("a", load=3), view("b", load=2), view("c", load=2)), RNG)
+    assert choice is not None
+    assert choice.backend == "b"
+
+
+def test_an_overloaded_holder_spills_down_the_ranking() -> None:
+    state = RoutingState()
+    f = features(doc(1))
+    warm(state, view("a"), f)
+    views = (view("a", load=10), view("b", load=2), view("c", load=2), view("d", load=2))
+    choice = POLICY.choose(req(f), snap(state, *views), RNG)
+    assert choice is not None
+    assert choice.backend != "a"
+    assert choice.reason == "spill"
+    # The spill target is the rendezvous order of the rest: the same in every process.
+    assert POLICY.choose(req(f), snap(RoutingState(), *views[1:]), RNG).backend == choice.backend  # type: ignore[union-attr]
+
+
+def test_no_key_falls_back_to_least_load() -> None:
+    short = req(RequestFeatures(prompt_tokens=3))
+    choice = POLICY.choose(short, Snapshot((view("a", load=2), view("b"))), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("b", "least_load")
+
+
+def test_excluded_and_unhealthy_backends_are_never_chosen() -> None:
+    f = features(doc(1))
+    snapshot = Snapshot((view("a", healthy=False), view("b"), view("c")))
+    for n in range(30):
+        choice = POLICY.choose(req(features(doc(n)), exclude=frozenset({"b"})), snapshot, RNG)
+        assert choice is not None
+        assert choice.backend == "c"
+    assert POLICY.choose(req(f, exclude=frozenset({"b", "c"})), snapshot, RNG) is None
+
+
+def test_removing_a_backend_only_moves_its_own_keys() -> None:
+    full = Snapshot(tuple(view(n) for n in "abcd"))
+    keys = [features(doc(n, 256)) for n in range(400)]
+    before = {i: POLICY.choose(req(f), full, RNG).backend for i, f in enumerate(keys)}  # type: ignore[union-attr]
+    without_b = Snapshot(tuple(v for v in full.backends if v.name != "b"))
+    after = {i: POLICY.choose(req(f), without_b, RNG).backend for i, f in enumerate(keys)}  # type: ignore[union-attr]
+    assert {i for i in before if before[i] != after[i]} == {i for i in before if before[i] == "b"}
+    assert 60 < Counter(before.values())["b"] < 140  # and rendezvous spreads keys evenly
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=8), min_size=2, max_size=10, unique=True), st.data())
+def test_rendezvous_minimal_disruption_for_any_fleet(names: list[str], data: st.DataObject) -> None:
+    gone = data.draw(st.sampled_from(names))
+    full = Snapshot(tuple(view(n) for n in names))
+    rest = Snapshot(tuple(view(n) for n in names if n != gone))
+    for n in range(50):
+        f = features("", x_prefix_key=f"tenant-{n}")
+        before = POLICY.choose(req(f), full, RNG)
+        after = POLICY.choose(req(f), rest, RNG)
+        assert before is not None
+        assert after is not None
+        assert (before.backend == after.backend) == (before.backend != gone)
+
+
+loads = st.lists(st.integers(0, 30), min_size=2, max_size=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(loads, st.integers(0, 10_000), st.sampled_from([1.0, 1.25, 2.0]), st.data())
+def test_bounded_load_guard_never_picks_above_the_bound(
+    backend_loads: list[int], doc_id: int, factor: float, data: st.DataObject
+) -> None:
+    state = RoutingState()
+    views = [view(f"b{i}", load=n) for i, n in enumerate(backend_loads)]
+    f = features(doc(doc_id, 512))
+    holders = data.draw(st.sets(st.sampled_from(range(len(views)))))
+    for i in holders:
+        warm(state, views[i], f)
+    bound = factor * sum(backend_loads) / len(backend_loads) + 1.0
+    choice = PrefixAffinity(load_factor=factor).choose(req(f), snap(state, *views), RNG)
+    assert choice is not None
+    assert views[int(choice.backend[1:])].load_score <= bound
+    if choice.reason == "affinity":
+        assert int(choice.backend[1:]) in holders
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.integers(0, 5), min_size=4, max_size=4))
+def test_same_inputs_same_choice_in_any_process(seed: int, backend_loads: list[int]) -> None:
+    """Pure: the choice depends only on (request, snapshot), not on the RNG or process state."""
+    views = Snapshot(tuple(view(n, load=x) for n, x in zip("abcd", backend_loads, strict=True)))
+    f = features(doc(seed % 1000, 256))
+    picks = {POLICY.choose(req(f), views, random.Random(s)).backend for s in (seed, seed + 1)}  # type: ignore[union-attr]
+    assert len(picks) == 1
+
+
+def test_a_hot_prefix_spreads_instead_of_snowballing() -> None:
+    """Simulate a hot tenant with half the traffic over 4 backends with completions lagging: the
+    guard keeps every backend within 2x the mean and spreads the hot prefix over several."""
+    state = RoutingState()
+    names = "abcd"
+    in_flight = dict.fromkeys(names, 0)
+    queue: list[str] = []
+    served: Counter[str] = Counter()
+    max_ratio = 0.0
+    rng = random.Random(3)
+    for n in range(4000):
+        hot = rng.random() < 0.5
+        f = features(doc(0) if hot else doc(1 + rng.randrange(50)), f"q{n}")
+        views = [view(x, load=in_flight[x]) for x in names]
+        choice = POLICY.choose(req(f), snap(state, *views), rng)
+        assert choice is not None
+        warm(state, views[names.index(choice.backend)], f)
+        in_flight[choice.backend] += 1
+        queue.append(choice.backend)
+        if hot:
+            served[choice.backend] += 1
+        if len(queue) > 24:  # ~24 requests in flight (a steady state at ~70% of 4 x 8 slots)
+            in_flight[queue.pop(0)] -= 1
+        mean = sum(in_flight.values()) / 4
+        if n > 100:
+            max_ratio = max(max_ratio, max(in_flight.values()) / mean)
+    assert max_ratio <= 2.0
+    assert len(served) >= 2
+
+
+def test_registry_has_every_configurable_policy() -> None:
+    from typing import get_args
+
+    from gateway.settings import PolicyName
+
+    assert set(POLICIES) == set(get_args(PolicyName))
+    assert all(POLICIES[name].name == name for name in POLICIES)
