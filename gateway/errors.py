@@ -3,7 +3,10 @@
 GatewayError                      anything the client sees as an OpenAI error body
 ├── InvalidRequest      400       malformed JSON, wrong types, missing fields
 ├── BodyTooLarge        413
-├── ModelNotFound       404       model_not_found
+├── ModelNotFound       404       model_not_found (also: a model the client's key may not use)
+├── Unauthorized        401       invalid_api_key / invalid_admin_token
+├── RateLimited         429       rate_limit_exceeded, with Retry-After
+├── RequestTimeout      408       headers or body not received in time
 ├── NoHealthyBackend    503       with Retry-After
 └── UpstreamError       (status)  a backend's own error, normalised, with the backend's status
 
@@ -120,6 +123,17 @@ class BackendProtocolError(BackendError):
     pass
 
 
+class SlaUnattainable(GatewayError):
+    """x-sla-strict: no backend is predicted to meet the target, so the caller may go elsewhere."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "sla_unattainable"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
 class BadGateway(GatewayError):
     status = 502
     type = "server_error"
@@ -130,3 +144,34 @@ class GatewayTimeout(GatewayError):
     status = 504
     type = "server_error"
     code = "upstream_timeout"
+
+
+class Unauthorized(GatewayError):
+    """No or a wrong `Authorization: Bearer` key where keys are configured (OpenAI's own shape)."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    def __init__(self, message: str, *, code: str = "invalid_api_key") -> None:
+        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="gateway"'})
+        self.code = code
+
+
+class RateLimited(GatewayError):
+    """A key's requests- or tokens-per-minute budget is spent; `Retry-After` says when it refills."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, kind: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.type = kind  # OpenAI says "requests" or "tokens"
+
+
+class RequestTimeout(GatewayError):
+    """The client did not send its request (headers or body) in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"

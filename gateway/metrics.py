@@ -99,6 +99,28 @@ class Recorder:
         self.ejections = Counter(
             "gateway_backend_ejections", "Circuit-breaker ejections.", ("backend", "runtime"), registry=registry
         )
+        self.decisions = Counter(
+            "gateway_routing_decisions", "Routing decisions by route, policy and reason.",
+            ("model", "policy", "reason"), registry=registry,
+        )
+        self.sla = Counter(
+            "gateway_sla_requests", "Requests that carried an SLA target, by outcome (met|missed).",
+            ("backend", "runtime", "outcome"), registry=registry,
+        )
+        self.arm_requests = Counter(
+            "gateway_arm_requests", "Requests assigned to each A/B arm.", ("model", "arm"), registry=registry
+        )
+        self.arm_failovers = Counter(
+            "gateway_arm_failovers", "Requests moved off their arm because it had no healthy backend.",
+            ("model", "arm"), registry=registry,
+        )
+        self.shadow_requests = Counter(
+            "gateway_shadow_requests", "Mirrored (shadow) requests by arm and status.", ("model", "arm", "status"),
+            registry=registry,
+        )
+        self.shadow_tokens = Counter(
+            "gateway_shadow_tokens", "Tokens of mirrored requests.", ("model", "arm", "kind"), registry=registry
+        )
         # The same measurements under the OpenTelemetry GenAI names (dots -> underscores), so stock
         # GenAI dashboards work: gen_ai_system = the runtime, gen_ai_request_model = the route's model.
         genai = ("gen_ai_system", "gen_ai_request_model", "backend")
@@ -173,12 +195,28 @@ class Recorder:
             ttft.observe(o.ttft_s)
         for gap in o.gaps_s:
             itl.observe(gap)
+        if o.sla is not None:
+            self.sla.labels(o.backend, o.runtime, o.sla).inc()
 
     def retry(self, backend: str, runtime: str, reason: str) -> None:
         self.retries.labels(backend, runtime, reason).inc()
 
     def ejected(self, backend: str, runtime: str) -> None:
         self.ejections.labels(backend, runtime).inc()
+
+    def decision(self, model: str, policy: str, reason: str) -> None:
+        self.decisions.labels(model, policy, reason).inc()
+
+    def arm_assigned(self, model: str, arm: str, *, failed_over_from: str | None) -> None:
+        self.arm_requests.labels(model, arm).inc()
+        if failed_over_from is not None:
+            self.arm_failovers.labels(model, failed_over_from).inc()
+
+    def shadow(self, model: str, arm: str, status: str, usage: Usage | None) -> None:
+        self.shadow_requests.labels(model, arm, status).inc()
+        if usage is not None:
+            self.shadow_tokens.labels(model, arm, "prompt").inc(usage.prompt_tokens)
+            self.shadow_tokens.labels(model, arm, "completion").inc(usage.completion_tokens)
 
 
 class _PoolCollector:

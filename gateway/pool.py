@@ -6,7 +6,7 @@ a clock read here, so the breaker's state machine is testable without sleeping.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from backends.base import Adapter, Load
@@ -38,7 +38,7 @@ class BackendState:
     def healthy(self) -> bool:
         return self.probe_ok and not self.ejected
 
-    def view(self) -> BackendView:
+    def view(self, output_tokens_per_s: float | None = None) -> BackendView:
         load = self.load
         return BackendView(
             name=self.config.name,
@@ -49,6 +49,8 @@ class BackendState:
             running=load.running,
             kv_usage=load.kv_usage,
             usd_per_hour=self.config.usd_per_hour,
+            block_size=load.block_size,
+            output_tokens_per_s=output_tokens_per_s,
         )
 
 
@@ -70,9 +72,12 @@ class Pool:
     def __iter__(self) -> Iterator[BackendState]:
         return iter(self._states.values())
 
-    def snapshot(self, names: Iterable[str]) -> Snapshot:
+    def snapshot(self, names: Iterable[str], throughput: Callable[[str], float | None] | None = None) -> Snapshot:
+        """Frozen views of `names`; `throughput(name)` supplies measured output tokens/s (for cost)."""
         states = self._states
-        return Snapshot(tuple(states[n].view() for n in names))
+        if throughput is None:
+            return Snapshot(tuple(states[n].view() for n in names))
+        return Snapshot(tuple(states[n].view(throughput(n)) for n in names))
 
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self._states.values())

@@ -4,6 +4,11 @@ The retry rule: an attempt may be retried (on a different backend, up to `retrie
 only while nothing has been sent to the client and only when the backend provably did no work or
 never produced a first byte: connection refused/reset, 429, 503, or a first-token timeout. Once the
 client's response has started, a failure ends the stream with an OpenAI error event instead.
+
+Routing happens per attempt: `describe` the request once, pick the A/B arm once (sticky), then let
+the route's policy choose among the arm's backends over a fresh snapshot. The routing memory (prefix
+index, latency estimators) is told what was sent, when the first token came and what the engine
+reported, so the next decision knows more.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from statistics import fmean
 
 import aiohttp
 from aiohttp import web
@@ -36,24 +43,31 @@ from .errors import (
     InvalidRequest,
     ModelNotFound,
     NoHealthyBackend,
+    SlaUnattainable,
     UpstreamError,
 )
+from .exchange import Exchange, sla_outcome
 from .metrics import NONE, Outcome, Recorder
 from .openai_head import ParsedRequest, parse_request
 from .pool import BackendState, Pool
-from .relay import DONE, SseRelay, error_event
-from .routing import POLICIES, Policy, RouteRequest
+from .relay import DONE, SseRelay, StreamStats, error_event
+from .routing import POLICIES, BadRoutingHeader, Policy, RouteRequest, RoutingState, decide, describe
+from .routing.split import should_shadow
 from .settings import Route, Settings
+from .splits import LiveSplit
 
 log = logging.getLogger("gateway.proxy")
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+# statuses of requests whose response came from the engine (a failed attempt was already reported)
+_RESPONSE_STARTED = frozenset({"200", "stream_error", "client_closed"})
 
 
 @dataclass(slots=True)
 class RouteState:
     config: Route
     policy: Policy
+    split: LiveSplit | None = None
     seq: Iterator[int] = field(default_factory=itertools.count)
 
 
@@ -62,18 +76,8 @@ class Opened:
     """A backend response whose head (and, for streams, first bytes) arrived in time."""
 
     state: BackendState
-    reason: str
     resp: aiohttp.ClientResponse
     first: bytes  # streams: the first bytes read; non-streams: the whole body
-
-
-@dataclass(slots=True)
-class Attempts:
-    """Per-request retry bookkeeping."""
-
-    tried: set[str] = field(default_factory=set)
-    last: BackendState | None = None
-    error: BackendError | None = None
 
 
 class ClientGone(Exception):
@@ -111,72 +115,135 @@ class Proxy:
         clock: Callable[[], float],
         rng: random.Random,
         wall_clock: Callable[[], float] = time.time,
+        throughput: Callable[[str], float | None] | None = None,
+        routing: RoutingState | None = None,
     ) -> None:
-        self._wall_clock = wall_clock
-        self._settings = settings
+        """`throughput(backend)` gives measured output tokens/s (for the cost policy); `routing` is
+        the routing memory, passed in so that it survives config reloads."""
         self._pool = pool
         self._recorder = recorder
         self._session = session
         self._clock = clock
+        self._wall_clock = wall_clock
         self._rng = rng
-        self._routes = {r.model: RouteState(r, POLICIES[r.policy]) for r in settings.routes}
+        self._throughput = throughput
+        self._routes = {
+            r.model: RouteState(r, POLICIES[r.policy], LiveSplit(r) if r.split is not None else None)
+            for r in settings.routes
+        }
         self._timeouts = settings.timeouts
         self._max_attempts = settings.retries.max_attempts
+        self.routing = routing if routing is not None else RoutingState()
+        self._shadows: set[asyncio.Task[None]] = set()
 
     @property
     def route_models(self) -> list[str]:
         return list(self._routes)
 
+    def weights(self, model: str) -> dict[str, float]:
+        """The live A/B weights of a split route (empty for other routes)."""
+        route = self._routes.get(model)
+        return route.split.weights if route is not None and route.split is not None else {}
+
+    def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
+        route = self._routes.get(model)
+        if route is None or route.split is None:
+            raise KeyError(model)
+        route.split.set_weights(weights)
+        return route.split.weights
+
     async def serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        started = self._clock()
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        request["request_id"] = request_id
-        attempts = Attempts()
-        model = NONE
+        ex = Exchange(request.headers.get("x-request-id") or uuid.uuid4().hex, self._clock())
+        request["request_id"] = ex.request_id
         try:
-            parsed = parse_request(await request.read(), endpoint, created=int(self._wall_clock()))
+            parsed = ex.parsed = parse_request(await request.read(), endpoint, created=int(self._wall_clock()))
             route = self._routes.get(parsed.model)
             if route is None:
                 raise ModelNotFound(
                     f"The model `{parsed.model}` does not exist. Available models: {', '.join(self._routes)}.",
                     param="model",
                 )
-            model = parsed.model
-            opened = await self._open_with_retries(route, parsed, request_id, attempts)
+            ex.model = parsed.model
+            try:
+                ex.features = describe(parsed.request.body, endpoint, request.headers)
+            except BadRoutingHeader as exc:
+                raise InvalidRequest(str(exc), param=exc.header) from exc
+            candidates = self._candidates(route, ex)
+            opened = await self._open_with_retries(route, ex, candidates)
         except GatewayError as exc:
-            self._record_failure(attempts.last, model, str(exc.status), started)
+            self._finish(ex, str(exc.status))
             raise
-        state = opened.state
+        if route.split is not None and route.split.shadow is not None:
+            self._maybe_shadow(route, route.split, ex)
         try:
             if parsed.request.stream:
-                return await self._relay_stream(request, opened, parsed, request_id, started)
-            return self._relay_body(opened, parsed, request_id, started)
+                return await self._relay_stream(request, opened, ex)
+            return self._relay_body(opened, ex)
         finally:
             opened.resp.close()
-            state.in_flight -= 1
+            opened.state.in_flight -= 1
 
-    # -- opening: choose a backend, send, wait for the first byte; retried --------------------
+    # -- choosing: arm once per request, backend once per attempt ------------------------------
 
-    async def _open_with_retries(
-        self, route: RouteState, parsed: ParsedRequest, request_id: str, attempts: Attempts
-    ) -> Opened:
-        async def attempt() -> Opened:
-            decision = route.policy.choose(
-                RouteRequest(route.config.model, next(route.seq), frozenset(attempts.tried)),
-                self._pool.snapshot(route.config.candidates),
-                self._rng,
+    def _candidates(self, route: RouteState, ex: Exchange) -> list[str]:
+        split = route.split
+        if split is None:
+            return route.config.candidates
+        healthy = {s.name for s in self._pool if s.healthy}
+        choice = split.choose(ex.features.sticky_key, healthy, self._rng)
+        if choice is None:
+            raise NoHealthyBackend(f"No arm of `{route.config.model}` has a healthy backend.")
+        ex.arm = choice.arm
+        self._recorder.arm_assigned(route.config.model, choice.arm, failed_over_from=(
+            choice.preferred if choice.failed_over else None))
+        return list(split.arm(choice.arm).backends)
+
+    def _decide(self, route: RouteState, ex: Exchange, candidates: list[str]) -> BackendState:
+        snapshot = self.routing.snapshot(self._pool.snapshot(candidates, self._throughput))
+        req = RouteRequest(route.config.model, next(route.seq), frozenset(ex.tried), ex.features)
+        decision = decide(route.policy, req, snapshot, self._rng)
+        if decision is None:
+            if ex.error is not None:
+                raise self._exhausted(ex.error)
+            raise NoHealthyBackend(f"No healthy backend for model `{route.config.model}`.")
+        self._recorder.decision(route.config.model, route.policy.name, decision.reason)
+        if decision.reject:
+            retry_after = max(1, math.ceil(decision.retry_after_s or 1.0))
+            raise SlaUnattainable(
+                "No backend is predicted to meet the requested latency target (x-sla-strict).",
+                retry_after_s=retry_after,
             )
-            if decision is None:
-                if attempts.error is not None:
-                    raise self._exhausted(attempts.error)
-                raise NoHealthyBackend(f"No healthy backend for model `{route.config.model}`.")
-            attempts.tried.add(decision.backend)
-            state = attempts.last = self._pool[decision.backend]
+        ex.decision = decision
+        ex.tried.add(decision.backend)
+        view = next(v for v in snapshot.backends if v.name == decision.backend)
+        ex.ticket = self.routing.dispatched(view, ex.features)
+        ex.last = self._pool[decision.backend]
+        return ex.last
+
+    # -- opening: send, wait for the first byte; retried ---------------------------------------
+
+    async def _open_with_retries(self, route: RouteState, ex: Exchange, candidates: list[str]) -> Opened:
+        assert ex.parsed is not None
+        parsed = ex.parsed
+
+        async def attempt() -> Opened:
+            state = self._decide(route, ex, candidates)
+            ex.sent_at = self._clock()
             try:
-                return await self._open(state, decision.reason, parsed, request_id)
-            except BackendError as exc:
-                attempts.error = exc
+                opened = await self._open(state, parsed, ex.request_id)
+            except (BackendError, UpstreamError) as exc:
+                assert ex.ticket is not None
+                # the engine did work unless it refused outright (connect error, 429/503, 4xx)
+                reached = isinstance(exc, BackendError) and not isinstance(
+                    exc, BackendConnectError | BackendOverloaded
+                )
+                self.routing.failed(ex.ticket, reached_engine=reached)
+                if isinstance(exc, BackendError):
+                    ex.error = exc
                 raise
+            if parsed.request.stream and ex.ticket is not None:
+                self.routing.first_token(ex.ticket, self._clock() - ex.sent_at)
+            return opened
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts),
@@ -206,7 +273,7 @@ class Proxy:
             return NoHealthyBackend("No backend could be reached; try again shortly.")
         return GatewayError(f"The backend failed: {exc.detail}")
 
-    async def _open(self, state: BackendState, reason: str, parsed: ParsedRequest, request_id: str) -> Opened:
+    async def _open(self, state: BackendState, parsed: ParsedRequest, request_id: str) -> Opened:
         adapter = state.adapter
         try:
             upstream = adapter.build_request(parsed.request, model=state.config.model, request_id=request_id)
@@ -236,7 +303,7 @@ class Proxy:
                 self._failed(state, exc.detail or type(exc).__name__)
             raise
         self._pool.record_success(state.name)
-        return Opened(state, reason, resp, first)
+        return Opened(state, resp, first)
 
     def _upstream_error(self, state: BackendState, status: int, body: bytes) -> None:
         error = state.adapter.normalise_error(status, body)
@@ -253,48 +320,48 @@ class Proxy:
         if self._pool.record_failure(state.name, self._clock(), detail):
             log.warning("backend %s ejected after repeated failures: %s", state.name, detail)
             self._recorder.ejected(state.name, state.config.runtime.value)
+            self.routing.forget(state.name)  # whatever it cached may be gone by the time it returns
 
     # -- relaying ------------------------------------------------------------------------------
 
-    def _headers(self, opened: Opened, request_id: str, content_type: str) -> dict[str, str]:
-        return {
+    def _headers(self, state: BackendState, ex: Exchange, content_type: str) -> dict[str, str]:
+        headers = {
             "Content-Type": content_type,
-            "x-gateway-backend": opened.state.name,
-            "x-gateway-runtime": opened.state.config.runtime.value,
-            "x-gateway-route-reason": opened.reason,
-            "x-request-id": request_id,
+            "x-gateway-backend": state.name,
+            "x-gateway-runtime": state.config.runtime.value,
+            "x-gateway-route-reason": ex.decision.reason if ex.decision else NONE,
+            "x-request-id": ex.request_id,
         }
+        if ex.arm is not None:
+            headers["x-gateway-arm"] = ex.arm
+        return headers
 
-    def _relay_body(self, opened: Opened, parsed: ParsedRequest, request_id: str, started: float) -> web.Response:
-        state = opened.state
+    def _relay_body(self, opened: Opened, ex: Exchange) -> web.Response:
+        state, parsed = opened.state, ex.parsed
+        assert parsed is not None
         try:
             reply = state.adapter.translate_response(
-                parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=request_id
+                parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=ex.request_id
             )
         except UpstreamFormatError as exc:
             self._failed(state, str(exc))
-            self._record_failure(state, parsed.model, "502", started)
+            self._finish(ex, "502")
             raise BadGateway(f"The backend's response could not be read: {exc}") from exc
-        self._recorder.record(
-            Outcome(state.name, state.config.runtime.value, parsed.model, str(opened.resp.status),
-                    self._clock() - started, reply.usage)
-        )
+        self._finish(ex, str(opened.resp.status), usage=reply.usage)
         return web.Response(
-            status=opened.resp.status, body=reply.body,
-            headers=self._headers(opened, request_id, "application/json"),
+            status=opened.resp.status, body=reply.body, headers=self._headers(state, ex, "application/json")
         )
 
-    async def _relay_stream(
-        self, request: web.Request, opened: Opened, parsed: ParsedRequest, request_id: str, started: float
-    ) -> web.StreamResponse:
-        state = opened.state
-        translator = state.adapter.stream_translator(parsed.request, model=parsed.model, request_id=request_id)
+    async def _relay_stream(self, request: web.Request, opened: Opened, ex: Exchange) -> web.StreamResponse:
+        state, parsed = opened.state, ex.parsed
+        assert parsed is not None
+        translator = state.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
         relay = SseRelay(
             backend_model=parsed.model if translator is not None else state.config.model,
             client_model=parsed.model,
             include_usage=parsed.request.include_usage,
         )
-        response = web.StreamResponse(headers=self._headers(opened, request_id, SSE_CONTENT_TYPE))
+        response = web.StreamResponse(headers=self._headers(state, ex, SSE_CONTENT_TYPE))
         await response.prepare(request)
         clock = self._clock
         status = "200"
@@ -310,7 +377,7 @@ class Proxy:
         try:
             try:
                 await send(opened.first)
-                remaining = self._timeouts.total_s - (clock() - started)
+                remaining = self._timeouts.total_s - (clock() - ex.started)
                 with map_client_errors(state.name):
                     async with asyncio.timeout(max(remaining, 0.001)):
                         async for data in opened.resp.content.iter_any():
@@ -337,18 +404,91 @@ class Proxy:
             status = "client_closed"
             raise
         finally:
-            stats = relay.stats
-            usage = stats.usage
-            if usage is None and stats.events:
-                usage = Usage(prompt_tokens=0, completion_tokens=max(stats.events - 1, 0))
-            self._recorder.record(
-                Outcome(
-                    state.name, state.config.runtime.value, parsed.model, status, clock() - started, usage,
-                    None if stats.first_event_at is None else stats.first_event_at - started, stats.gaps,
-                )
-            )
+            self._finish(ex, status, stream=relay.stats)
         return response
 
-    def _record_failure(self, state: BackendState | None, model: str, status: str, started: float) -> None:
-        backend, runtime = (state.name, state.config.runtime.value) if state else (NONE, NONE)
-        self._recorder.record(Outcome(backend, runtime, model, status, self._clock() - started))
+    # -- accounting ------------------------------------------------------------------------------
+
+    def _finish(
+        self, ex: Exchange, status: str, *, usage: Usage | None = None, stream: StreamStats | None = None
+    ) -> None:
+        """Record the request's outcome exactly once and teach the routing memory what happened."""
+        duration = self._clock() - ex.started
+        ttft = gaps = None
+        if stream is not None:
+            usage = stream.usage
+            if usage is None and stream.events:
+                usage = Usage(prompt_tokens=0, completion_tokens=max(stream.events - 1, 0))
+            ttft = None if stream.first_event_at is None else stream.first_event_at - ex.started
+            gaps = stream.gaps
+        state = ex.last
+        if ex.ticket is not None and status in _RESPONSE_STARTED:
+            self.routing.completed(
+                ex.ticket,
+                cached_tokens=usage.cached_tokens if usage else None,
+                prompt_tokens=usage.prompt_tokens if usage else None,
+                itl_s=fmean(gaps) if gaps else None,
+            )
+        self._recorder.record(
+            Outcome(
+                state.name if state else NONE,
+                state.config.runtime.value if state else NONE,
+                ex.model,
+                status,
+                duration,
+                usage,
+                ttft,
+                gaps or (),
+                reason=ex.decision.reason if ex.decision else NONE,
+                arm=ex.arm,
+                sla=sla_outcome(
+                    ex.features.sla, ok=status == "200", ttft_s=ttft, gaps_s=gaps or (), duration_s=duration,
+                    usage=usage,
+                ),
+            )
+        )
+
+    # -- shadow traffic ----------------------------------------------------------------------------
+
+    def _maybe_shadow(self, route: RouteState, split: LiveSplit, ex: Exchange) -> None:
+        shadow = split.shadow
+        assert shadow is not None
+        assert ex.parsed is not None
+        if ex.arm == shadow.arm or not should_shadow(ex.request_id, shadow.fraction, self._rng):
+            return
+        task = asyncio.create_task(self._shadow(route, shadow.arm, ex.parsed, ex))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _shadow(self, route: RouteState, arm: str, parsed: ParsedRequest, origin: Exchange) -> None:
+        """Send a copy to the shadow arm, read the answer to the end and discard it. Counted apart
+        from client requests (`gateway_shadow_requests_total`), never seen by the client."""
+        assert route.split is not None
+        backends = list(route.split.arm(arm).backends)
+        ex = Exchange(origin.request_id + "-shadow", self._clock(), model=origin.model, parsed=parsed,
+                      features=origin.features, arm=arm)
+        status = "error"
+        try:
+            state = self._decide(route, ex, backends)
+            opened = await self._open(state, parsed, ex.request_id)
+            try:
+                body = opened.first + (await opened.resp.read() if parsed.request.stream else b"")
+            finally:
+                opened.resp.close()
+                state.in_flight -= 1
+            status = str(opened.resp.status)
+            if not parsed.request.stream:
+                usage = state.adapter.translate_response(
+                    parsed.request, opened.resp.status, body, model=parsed.model, request_id=ex.request_id
+                ).usage
+            else:
+                relay = SseRelay(backend_model=state.config.model, client_model=parsed.model, include_usage=True)
+                translator = state.adapter.stream_translator(parsed.request, model=parsed.model,
+                                                             request_id=ex.request_id)
+                data = translator.feed(body) + translator.close() if translator is not None else body
+                relay.feed(data, self._clock())
+                usage = relay.stats.usage
+            self._recorder.shadow(origin.model, ex.arm or NONE, status, usage)
+        except (GatewayError, BackendError, UpstreamFormatError, aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("shadow request %s failed: %s", ex.request_id, exc)
+            self._recorder.shadow(origin.model, ex.arm or NONE, status, None)

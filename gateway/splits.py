@@ -1,0 +1,54 @@
+"""A/B splits at run time: live arm weights per route, arm choice with failover.
+
+The assignment itself is pure (`routing.split`); this module holds the one piece of mutable state,
+the current weights, which an admin endpoint may change without a restart. A weight change moves
+only the sessions it must (weighted rendezvous hashing), so changing weights is safe mid-experiment.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from .routing.split import ArmChoice, choose_arm
+from .settings import Route
+
+
+@dataclass(frozen=True, slots=True)
+class LiveArm:
+    name: str
+    weight: float
+    backends: tuple[str, ...]
+
+
+class LiveSplit:
+    def __init__(self, route: Route) -> None:
+        assert route.split is not None
+        self.salt = route.split.salt or route.model
+        self.shadow = route.split.shadow
+        self.arms: tuple[LiveArm, ...] = tuple(
+            LiveArm(a.name, a.weight, tuple(a.backends)) for a in route.split.arms
+        )
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {a.name: a.weight for a in self.arms}
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Replace some or all weights atomically; unknown arms or a zero total raise ValueError."""
+        unknown = sorted(set(weights) - {a.name for a in self.arms})
+        if unknown:
+            raise ValueError(f"unknown arm(s) {unknown}")
+        if any(w < 0 for w in weights.values()):
+            raise ValueError("weights must be >= 0")
+        arms = tuple(LiveArm(a.name, float(weights.get(a.name, a.weight)), a.backends) for a in self.arms)
+        if sum(a.weight for a in arms) <= 0:
+            raise ValueError("at least one arm needs a positive weight")
+        self.arms = arms
+
+    def choose(self, sticky_key: str | None, healthy: Collection[str], rng: random.Random) -> ArmChoice | None:
+        return choose_arm(sticky_key, self.arms, salt=self.salt, healthy=healthy, rng=rng)
+
+    def arm(self, name: str) -> LiveArm:
+        return next(a for a in self.arms if a.name == name)
