@@ -36,7 +36,7 @@ test-fast: install  ## the tiers without real vLLM
 	$(VENV)/bin/pytest -m "not real"
 
 bench: install
-	$(PY) -m bench
+	$(PY) -m bench overhead --quick
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,34 @@
+"""`python -m bench <benchmark> [options]`; each benchmark is a module with `add_arguments` and `run`.
+
+Add one by listing its module in COMMANDS; modules are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS = {
+    "overhead": ("bench.overhead", "gateway vs direct vs a naive proxy against nginx: throughput, latency, CPU"),
+    "soak": ("bench.soak", "minutes of mixed load with faults: errors by cause, gateway RSS over time"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = parser.add_subparsers(dest="benchmark", required=True)
+    chosen = args_list[0] if args_list and args_list[0] in COMMANDS else None
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(args_list)
+    code: int = importlib.import_module(COMMANDS[args.benchmark][0]).run(args, args_list)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The processes a benchmark runs (nginx, gateway, Python servers) and what we read about them from /proc.
+
+Every process is started in its own session and stopped by its pid; nothing is killed by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+UPSTREAM = Path(__file__).resolve().parent / "upstream"
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_nofile(want: int = 65536) -> int:
+    """Raise this process's open-file limit (children inherit it); returns the soft limit reached."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for target in (want, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(target, soft), max(target, hard)))
+            break
+        except (ValueError, OSError):
+            continue
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_seconds() -> float:
+    """CPU-seconds spent busy by the whole machine (all cores, all processes), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+def wait_port(port: int, *, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on port {port} after {timeout_s}s")
+
+
+class Proc:
+    """A child process in its own session, stopped by pid (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, name: str, argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None,
+                 stdout_pipe: bool = False) -> None:
+        self.name = name
+        self.log_path = log
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            list(argv), cwd=ROOT, stdout=subprocess.PIPE if stdout_pipe else self._log, stderr=self._log,
+            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read_line(self, prefix: str) -> str:
+        """The first stdout line (a server announcing where it listens); raises if it is not `prefix...`."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith(prefix):
+            self.stop()
+            raise RuntimeError(f"{self.name} did not start: {line!r}\n{self.log_path.read_text()[-3000:]}")
+        return line.strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+class Nginx:
+    """nginx with one worker: canned chat JSON on `json_url`, canned SSE stream on `sse_url`."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp / "nginx"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.json_port, self.sse_port = free_port(), free_port()
+        conf = (UPSTREAM / "nginx.conf").read_text()
+        for key, value in {"@ROOT@": str(UPSTREAM), "@TMP@": str(self.tmp),
+                           "@JSON_PORT@": str(self.json_port), "@SSE_PORT@": str(self.sse_port)}.items():
+            conf = conf.replace(key, value)
+        path = self.tmp / "nginx.conf"
+        path.write_text(conf)
+        self.proc = Proc("nginx", [NGINX, "-c", str(path), "-p", str(self.tmp)], log=self.tmp / "stderr.log")
+        wait_port(self.json_port)
+        wait_port(self.sse_port)
+
+    @property
+    def json_url(self) -> str:
+        return f"http://127.0.0.1:{self.json_port}"
+
+    @property
+    def sse_url(self) -> str:
+        return f"http://127.0.0.1:{self.sse_port}"
+
+    def worker_pids(self) -> list[int]:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu_seconds(p) for p in [self.proc.pid, *self.worker_pids()])
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def gateway_config(upstream_url: str, *, model: str = "moe") -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "backends": [{"name": "nginx-vllm", "runtime": "vllm", "url": upstream_url, "model": "tiny-moe"}],
+        "routes": [{"model": model, "backends": ["nginx-vllm"]}],
+        "health": {"interval_s": 5},
+    }
+
+
+class Gateway:
+    """`python -m gateway serve` with one vLLM backend, exactly as a user runs it."""
+
+    def __init__(self, name: str, upstream_url: str, tmp: Path) -> None:
+        self.name = name
+        config = tmp / f"{name}.yaml"
+        config.write_text(yaml.safe_dump(gateway_config(upstream_url)))
+        self.config_path = config
+        self.proc = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(config),
+                                "--log-level", "WARNING"], log=tmp / f"{name}.log", stdout_pipe=True)
+        self.url = self.proc.read_line("gateway listening on ").split()[-1]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+class PyServer:
+    """One of our small Python servers (`python -m bench.<module> ...`) that prints `listening on URL`."""
+
+    def __init__(self, name: str, module: str, args: Sequence[str], tmp: Path) -> None:
+        self.name = name
+        self.proc = Proc(name, [sys.executable, "-m", module, *args], log=tmp / f"{name}.log", stdout_pipe=True)
+        self.url = self.proc.read_line("listening on ").split()[-1]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.stop()

@@ -1,0 +1,1 @@
+"""The cheap upstream for overhead benchmarks: nginx config and canned vLLM bodies."""
