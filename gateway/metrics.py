@@ -8,16 +8,17 @@ the request path never touches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from backends.base import Usage
 
 from .pool import Pool
+from .promfast import FastHistogram, HistogramChild
 
 NONE = "none"
 
@@ -42,18 +43,36 @@ class Outcome:
     duration_s: float
     usage: Usage | None = None
     ttft_s: float | None = None
-    gaps_s: Iterable[float] = ()
+    gaps_s: Sequence[float] = ()
     reason: str = NONE  # the routing decision's low-cardinality reason
     arm: str | None = None  # the A/B arm, when the route is split
     sla: str | None = None  # "met" / "missed" when the request carried an SLA target
     finished_at: float = 0.0  # clock reading at the end (for windowed statistics)
 
 
+@dataclass(slots=True)
+class _Series:
+    """Every labelled child one (backend, runtime, model) needs, looked up once and kept."""
+
+    prompt: Any
+    completion: Any
+    cached: Any
+    ttft: HistogramChild
+    itl: HistogramChild
+    duration: HistogramChild
+    genai_ttft: HistogramChild
+    genai_tpot: HistogramChild
+    genai_input: HistogramChild
+    genai_output: HistogramChild
+    statuses: dict[str, Any]
+    genai_durations: dict[str, HistogramChild]
+
+
 class Recorder:
     """Counts every Outcome into Prometheus and hands it on to `observers` (the live comparison).
 
-    An Outcome that arrives with `finished_at == 0.0` is stamped with `clock()` first, so windowed
-    statistics get the app's injected time without the proxy having to know about them.
+    Labelled children are resolved once per (backend, runtime, model) and cached, and histograms are
+    lock-free (`promfast`), because this runs once per request and its gap loop once per token.
     """
 
     def __init__(
@@ -67,30 +86,25 @@ class Recorder:
         self._clock = clock
         self.observers = list(observers)
         base = ("backend", "runtime", "model")
-        self.requests = Counter(
-            "gateway_requests", "Requests by outcome.", (*base, "status"), registry=registry
-        )
+        self.requests = Counter("gateway_requests", "Requests by outcome.", (*base, "status"), registry=registry)
         self.tokens = Counter("gateway_tokens", "Tokens by kind.", (*base, "kind"), registry=registry)
-        self.ttft = Histogram(
+
+        def histogram(name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> FastHistogram:
+            h = FastHistogram(name, doc, labels, buckets)
+            registry.register(h)
+            return h
+
+        self.ttft = histogram(
             "gateway_time_to_first_token_seconds",
-            "Time from request arrival to the first streamed event, at the gateway.",
-            base,
-            buckets=TTFT_BUCKETS,
-            registry=registry,
+            "Time from request arrival to the first streamed event, at the gateway.", base, TTFT_BUCKETS,
         )
-        self.itl = Histogram(
-            "gateway_inter_token_latency_seconds",
-            "Gap between consecutive streamed events, at the gateway.",
-            base,
-            buckets=ITL_BUCKETS,
-            registry=registry,
+        self.itl = histogram(
+            "gateway_inter_token_latency_seconds", "Gap between consecutive streamed events, at the gateway.",
+            base, ITL_BUCKETS,
         )
-        self.duration = Histogram(
-            "gateway_request_duration_seconds",
-            "Time from request arrival to the last byte sent.",
-            base,
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+        self.duration = histogram(
+            "gateway_request_duration_seconds", "Time from request arrival to the last byte sent.", base,
+            DURATION_BUCKETS,
         )
         self.retries = Counter(
             "gateway_retries", "Attempts retried on another backend.", ("backend", "runtime", "reason"),
@@ -124,79 +138,83 @@ class Recorder:
         # The same measurements under the OpenTelemetry GenAI names (dots -> underscores), so stock
         # GenAI dashboards work: gen_ai_system = the runtime, gen_ai_request_model = the route's model.
         genai = ("gen_ai_system", "gen_ai_request_model", "backend")
-        self.genai_ttft = Histogram(
+        self.genai_ttft = histogram(
             "gen_ai_server_time_to_first_token_seconds", "GenAI semconv: time to first token (at the gateway).",
-            genai, buckets=GENAI_TTFT_BUCKETS, registry=registry,
+            genai, GENAI_TTFT_BUCKETS,
         )
-        self.genai_tpot = Histogram(
+        self.genai_tpot = histogram(
             "gen_ai_server_time_per_output_token_seconds",
-            "GenAI semconv: (duration - TTFT) / (output tokens - 1), per streamed request.",
-            genai, buckets=GENAI_TPOT_BUCKETS, registry=registry,
+            "GenAI semconv: (duration - TTFT) / (output tokens - 1), per streamed request.", genai,
+            GENAI_TPOT_BUCKETS,
         )
-        self.genai_duration = Histogram(
+        self.genai_duration = histogram(
             "gen_ai_server_request_duration_seconds", "GenAI semconv: request duration at the gateway.",
-            (*genai, "error_type"), buckets=GENAI_DURATION_BUCKETS, registry=registry,
+            (*genai, "error_type"), GENAI_DURATION_BUCKETS,
         )
-        self.genai_tokens = Histogram(
+        self.genai_tokens = histogram(
             "gen_ai_client_token_usage", "GenAI semconv: tokens per request by gen_ai_token_type (input/output).",
-            (*genai, "gen_ai_token_type"), buckets=GENAI_TOKEN_BUCKETS, registry=registry,
+            (*genai, "gen_ai_token_type"), GENAI_TOKEN_BUCKETS,
         )
         registry.register(_PoolCollector(pool))
-        self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self._series: dict[tuple[str, str, str], _Series] = {}
 
-    def _per_backend(self, key: tuple[str, str, str]) -> tuple[Any, ...]:
-        children = self._children.get(key)
-        if children is None:
-            children = (
-                self.tokens.labels(*key, "prompt"),
-                self.tokens.labels(*key, "completion"),
-                self.tokens.labels(*key, "cached"),
-                self.ttft.labels(*key),
-                self.itl.labels(*key),
-                self.duration.labels(*key),
+    def _series_for(self, key: tuple[str, str, str]) -> _Series:
+        series = self._series.get(key)
+        if series is None:
+            backend, runtime, model = key
+            genai = (runtime, model, backend)
+            series = self._series[key] = _Series(
+                prompt=self.tokens.labels(*key, "prompt"),
+                completion=self.tokens.labels(*key, "completion"),
+                cached=self.tokens.labels(*key, "cached"),
+                ttft=self.ttft.labels(*key),
+                itl=self.itl.labels(*key),
+                duration=self.duration.labels(*key),
+                genai_ttft=self.genai_ttft.labels(*genai),
+                genai_tpot=self.genai_tpot.labels(*genai),
+                genai_input=self.genai_tokens.labels(*genai, "input"),
+                genai_output=self.genai_tokens.labels(*genai, "output"),
+                statuses={},
+                genai_durations={},
             )
-            self._children[key] = children
-        return children
+        return series
 
     def record(self, o: Outcome) -> None:
-        if not isinstance(o.gaps_s, (list, tuple)):
-            o = replace(o, gaps_s=tuple(o.gaps_s))  # read twice below: never consume a one-shot iterator
         if o.finished_at == 0.0 and self._clock is not None:
             o = replace(o, finished_at=self._clock())
-        self._record_prometheus(o)
-        self._record_genai(o)
-        for observe in self.observers:
-            observe(o)
-
-    def _record_genai(self, o: Outcome) -> None:
-        labels = (o.runtime, o.model, o.backend)
-        ok = o.status.startswith("2")
-        self.genai_duration.labels(*labels, "" if ok else o.status).observe(o.duration_s)
-        if o.ttft_s is not None:
-            self.genai_ttft.labels(*labels).observe(o.ttft_s)
-        if o.usage is not None:
-            self.genai_tokens.labels(*labels, "input").observe(o.usage.prompt_tokens)
-            self.genai_tokens.labels(*labels, "output").observe(o.usage.completion_tokens)
-            if o.ttft_s is not None and o.usage.completion_tokens > 1:
-                tpot = max(o.duration_s - o.ttft_s, 0.0) / (o.usage.completion_tokens - 1)
-                self.genai_tpot.labels(*labels).observe(tpot)
-
-    def _record_prometheus(self, o: Outcome) -> None:
         key = (o.backend, o.runtime, o.model)
-        self.requests.labels(*key, o.status).inc()
-        prompt, completion, cached, ttft, itl, duration = self._per_backend(key)
-        duration.observe(o.duration_s)
-        if o.usage is not None:
-            prompt.inc(o.usage.prompt_tokens)
-            completion.inc(o.usage.completion_tokens)
-            if o.usage.cached_tokens:
-                cached.inc(o.usage.cached_tokens)
+        s = self._series_for(key)
+        status = s.statuses.get(o.status)
+        if status is None:
+            status = s.statuses[o.status] = self.requests.labels(*key, o.status)
+        status.inc()
+        s.duration.observe(o.duration_s)
+        error_type = "" if o.status[0] == "2" else o.status
+        genai_duration = s.genai_durations.get(error_type)
+        if genai_duration is None:
+            genai_duration = s.genai_durations[error_type] = self.genai_duration.labels(
+                o.runtime, o.model, o.backend, error_type
+            )
+        genai_duration.observe(o.duration_s)
+        usage = o.usage
+        if usage is not None:
+            s.prompt.inc(usage.prompt_tokens)
+            s.completion.inc(usage.completion_tokens)
+            if usage.cached_tokens:
+                s.cached.inc(usage.cached_tokens)
+            s.genai_input.observe(usage.prompt_tokens)
+            s.genai_output.observe(usage.completion_tokens)
         if o.ttft_s is not None:
-            ttft.observe(o.ttft_s)
-        for gap in o.gaps_s:
-            itl.observe(gap)
+            s.ttft.observe(o.ttft_s)
+            s.genai_ttft.observe(o.ttft_s)
+            if usage is not None and usage.completion_tokens > 1:
+                s.genai_tpot.observe(max(o.duration_s - o.ttft_s, 0.0) / (usage.completion_tokens - 1))
+        if o.gaps_s:
+            s.itl.observe_many(o.gaps_s)
         if o.sla is not None:
             self.sla.labels(o.backend, o.runtime, o.sla).inc()
+        for observe in self.observers:
+            observe(o)
 
     def retry(self, backend: str, runtime: str, reason: str) -> None:
         self.retries.labels(backend, runtime, reason).inc()

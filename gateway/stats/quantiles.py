@@ -2,8 +2,10 @@
 
 Why reservoirs and not a sketch: tests (and operators) can check a percentile against the exact
 samples fed in, as long as a bucket holds fewer samples than its cap. Past the cap, a bucket keeps a
-uniform random sample (Vitter's algorithm R with an injected, seeded RNG) and remembers how many it
-saw, so merging buckets of unequal load weights each retained sample by `seen / kept`.
+uniform random sample (Li's algorithm L with an injected, seeded RNG: it draws random numbers only for
+the samples it keeps, so a full bucket costs a counter increment per observation, which matters on the
+per-token path) and remembers how many it saw, so merging buckets of unequal load weights each retained
+sample by `seen / kept`.
 """
 
 from __future__ import annotations
@@ -19,21 +21,31 @@ from itertools import accumulate
 class Reservoir:
     """At most `cap` samples out of `seen`, uniformly chosen; memory is O(cap)."""
 
-    __slots__ = ("cap", "seen", "values")
+    __slots__ = ("_next", "_w", "cap", "seen", "values")
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.seen = 0
         self.values = array("d")
+        self._w = 0.0
+        self._next = 0  # the observation number (1-based) that will be kept next, once full
 
     def add(self, value: float, rng: random.Random) -> None:
         self.seen += 1
-        if len(self.values) < self.cap:
+        if self.seen == self._next:
+            self.values[rng.randrange(self.cap)] = value
+            self._advance(rng)
+        elif len(self.values) < self.cap:
             self.values.append(value)
-            return
-        j = rng.randrange(self.seen)
-        if j < self.cap:
-            self.values[j] = value
+            if len(self.values) == self.cap:
+                self._w = 1.0
+                self._advance(rng)
+
+    def _advance(self, rng: random.Random) -> None:
+        """Algorithm L: shrink the acceptance threshold, then jump to the next kept observation."""
+        self._w *= math.exp(math.log(rng.random() or 1e-300) / self.cap)
+        gap = math.log(rng.random() or 1e-300) / math.log1p(-self._w) if self._w < 1.0 else 0.0
+        self._next = self.seen + int(gap) + 1
 
     @property
     def weight(self) -> float:

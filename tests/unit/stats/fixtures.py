@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Usage
@@ -33,11 +33,11 @@ RUNTIME = {"v1": "vllm", "v2": "vllm", "s1": "sglang", "t1": "trtllm"}
 
 def outcome(
     backend: str, at: float, *, completion: int = 100, prompt: int = 50, cached: int | None = None,
-    ttft: float | None = 0.1, gaps: Iterable[float] = (), duration: float = 1.0, status: str = "200",
+    ttft: float | None = 0.1, gaps: Sequence[float] = (), duration: float = 1.0, status: str = "200",
     model: str = "plain", arm: str | None = None, sla: str | None = None,
 ) -> Outcome:
     return Outcome(
         backend, RUNTIME.get(backend, "none"), model, status, duration,
-        Usage(prompt, completion, cached), ttft, gaps if isinstance(gaps, Iterator) else tuple(gaps),
+        Usage(prompt, completion, cached), ttft, tuple(gaps),
         arm=arm, sla=sla, finished_at=at,
     )

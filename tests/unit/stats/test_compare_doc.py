@@ -50,8 +50,8 @@ def test_the_recorder_stamps_the_clock_and_feeds_stats_and_prometheus_alike() ->
     recorder, book, registry = wired(clock)
     for i in range(30):
         clock.now = 100.5 + i
-        o = outcome("v1", 0.0, completion=60, ttft=0.25, gaps=iter([0.02, 0.03]), duration=2.0)
-        recorder.record(o)  # finished_at 0.0: stamped by the recorder; a one-shot gaps iterator survives
+        o = outcome("v1", 0.0, completion=60, ttft=0.25, gaps=[0.02, 0.03], duration=2.0)
+        recorder.record(o)  # finished_at 0.0: stamped by the recorder
     clock.now = 130.0
     doc = Comparer(book).document(clock(), 60)
     v1 = next(b for b in doc["backends"] if b["name"] == "v1")
