@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .secrets import resolve_secrets
 from .settings import ConfigError, load_settings
 
 log = logging.getLogger("gateway")
@@ -25,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="INFO")
     check = sub.add_parser("check-config", help="validate a config file and print every error")
     check.add_argument("file")
+    hash_key = sub.add_parser("hash-key", help="print the sha256:<hex> digest to put in auth.api_keys[].key")
+    hash_key.add_argument("key", nargs="?", help="the key (default: read one line from stdin)")
     sub.add_parser("emulate", help="run one runtime emulator (see `gateway emulate --help`)", add_help=False)
     from .compare_cli import add_arguments as add_compare_arguments
 
@@ -41,6 +44,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
     if args.command == "check-config":
         return _check_config(args.file)
+    if args.command == "hash-key":
+        from .secrets import hash_key as digest
+
+        key = args.key if args.key is not None else sys.stdin.readline().rstrip("\n")
+        if not key:
+            print("hash-key: empty key", file=sys.stderr)
+            return 2
+        print(digest(key))
+        return 0
     if args.command == "compare":
         from .compare_cli import main as compare_main
 
@@ -50,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config:
         try:
             settings = load_settings(args.config)
+            resolve_secrets(settings, source=args.config)
         except (ConfigError, OSError) as exc:
             _print_config_error(exc)
             return 2
@@ -57,13 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server import serve
 
     return asyncio.run(
-        serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port)
+        serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port,
+              config_path=args.config)
     )
 
 
 def _check_config(path: str) -> int:
     try:
         settings = load_settings(path)
+        resolve_secrets(settings, source=path)
     except (ConfigError, OSError) as exc:
         _print_config_error(exc)
         return 1

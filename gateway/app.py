@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from backends.base import Adapter
 from backends.registry import adapter_for
 
+from . import split_admin
+from .auth import Guard
 from .dashboard import DashboardHandlers
+from .generation import Generation, Generations, LivePool
 from .handlers import Handlers, error_middleware
 from .health import HealthPoller
 from .metrics import Recorder
+from .openapi import install_openapi
 from .pool import BackendState, Pool
 from .proxy import Proxy
+from .ratelimit import KeyLimiter
+from .reload import Reloader
+from .routing import RoutingState
+from .secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .settings import Settings
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
 
@@ -27,13 +36,19 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", Pool)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 STATS = web.AppKey("stats", StatsBook)
+GENERATIONS = web.AppKey("generations", Generations)
+RELOADER = web.AppKey("reloader", Reloader)
+METRICS_APP = web.AppKey("metrics_app", web.Application)
 
 
-def build_pool(settings: Settings) -> Pool:
-    states = [
-        BackendState(config=b, adapter=adapter_for(b.runtime, chat_template=b.chat_template))
-        for b in settings.backends
-    ]
+def build_pool(settings: Settings, secrets: Secrets | None = None) -> Pool:
+    keys = secrets.backend_keys if secrets is not None else {}
+    states = []
+    for b in settings.backends:
+        adapter: Adapter = adapter_for(b.runtime, chat_template=b.chat_template)
+        if b.name in keys:
+            adapter = CredentialedAdapter(adapter, keys[b.name])
+        states.append(BackendState(config=b, adapter=adapter))
     return Pool(states, failure_threshold=settings.health.failure_threshold, cooldown_s=settings.health.cooldown_s)
 
 
@@ -45,37 +60,79 @@ async def build_app(
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     weights: WeightsFn | None = None,
+    secrets: Secrets | None = None,
+    config_path: str | Path | None = None,
 ) -> web.Application:
     """Build the gateway application; must run inside the event loop that will serve it.
 
     `weights(route_model) -> {arm: weight}` is where the A/B statistics read the live split weights
-    (default: as configured)."""
+    (default: as configured). `secrets` default to resolving the config's references now (raises
+    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file."""
     registry = registry if registry is not None else CollectorRegistry()
     rng = rng if rng is not None else random.Random()
-    pool = build_pool(settings)
+    secrets = secrets if secrets is not None else resolve_secrets(settings)
+    generations = Generations()
+    if weights is None:  # the A/B statistics read the live split weights of the current generation
+
+        def weights(model: str) -> dict[str, float]:
+            return generations.current.proxy.weights(model)
+
     stats = StatsBook(settings, started_at=clock(), weights=weights)
-    recorder = Recorder(registry, pool, clock=clock, observers=[stats.record])
+    routing = RoutingState()  # prefix memory and latency estimators outlive config generations
+
+    def throughput(backend: str) -> float | None:
+        """The best output tokens/s the backend has shown (over 10 s), for the cost policy."""
+        group = stats.backends.get(backend)
+        return group.series.peak_output_tps or None if group is not None else None
+
+    limiter = KeyLimiter(clock)
+    recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record])
+    guard = Guard(generations, limiter, recorder, registry, clock=clock)
+    recorder.observers.append(guard.observe)
     registry.register(LiveCollector(stats, clock))
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
-    proxy = Proxy(settings, pool, recorder, session, clock=clock, rng=rng)
-    poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
 
-    app = web.Application(middlewares=[error_middleware], client_max_size=settings.limits.max_body_bytes)
+    def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
+        pool = build_pool(settings, secrets)
+        proxy = Proxy(
+            settings, pool, recorder, session, clock=clock, rng=rng, routing=routing, throughput=throughput
+        )
+        poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+        return Generation(number, settings, secrets, pool, proxy, poller)
+
+    generations.install(build_generation(settings, secrets, 1))
+    reloader = Reloader(generations, build_generation, config_path)
+
+    app = web.Application(
+        middlewares=[error_middleware, guard.middleware], client_max_size=settings.limits.max_body_bytes
+    )
     app[SETTINGS] = settings
-    app[POOL] = pool
+    app[POOL] = generations.current.pool
     app[REGISTRY] = registry
     app[STATS] = stats
-    Handlers(proxy, pool, registry).install(app)
+    app[GENERATIONS] = generations
+    app[RELOADER] = reloader
+    separate_metrics = settings.listen.metrics_port is not None
+    handlers = Handlers(generations, registry, serve_metrics=not separate_metrics)
+    handlers.install(app)
+    reloader.install(app)
+    split_admin.install(app, lambda: generations.current.proxy)
+    install_openapi(app)
     DashboardHandlers(Comparer(stats), clock).install(app)
+    if separate_metrics:
+        metrics_app = web.Application(middlewares=[error_middleware])
+        metrics_app.router.add_get("/metrics", handlers.metrics)
+        app[METRICS_APP] = metrics_app
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        await poller.poll_once()
-        task = asyncio.create_task(poller.run(), name="health-poller")
+        first = generations.current
+        await first.poller.poll_once()
+        first.start()
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await generations.current.stop()
+        for old in generations.retired:
+            await old.stop()
         await session.close()
 
     app.cleanup_ctx.append(lifetime)

@@ -8,13 +8,13 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from yarl import URL
 
 from backends.base import Endpoint
 
 from . import jsonx
 from .errors import BodyTooLarge, GatewayError, InvalidRequest
-from .pool import Pool
-from .proxy import Proxy
+from .generation import Generations
 
 log = logging.getLogger("gateway.handlers")
 
@@ -32,7 +32,10 @@ def _error_response(exc: GatewayError, request: web.Request) -> web.Response:
     request_id = request.get("request_id") or request.headers.get("x-request-id")
     if request_id:
         headers["x-request-id"] = request_id
-    return web.Response(body=exc.render(), status=exc.status, headers=headers, content_type="application/json")
+    response = web.Response(body=exc.render(), status=exc.status, headers=headers, content_type="application/json")
+    if exc.status in (408, 413):  # the rest of the body is not worth waiting for
+        response.force_close()
+    return response
 
 
 @web.middleware
@@ -57,27 +60,48 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error_response(InvalidRequest("Request body is not valid UTF-8."), request)
 
 
+def redact_url(url: str) -> str:
+    """The URL without userinfo (credentials must never reach /admin output)."""
+    parsed = URL(url)
+    return str(parsed.with_user(None)) if parsed.user is not None or parsed.password is not None else url
+
+
 class Handlers:
-    def __init__(self, proxy: Proxy, pool: Pool, registry: CollectorRegistry) -> None:
-        self._proxy = proxy
-        self._pool = pool
+    """Request handlers. Each generation request runs on the config generation current when it
+    arrived, held until its response (stream included) is finished."""
+
+    def __init__(self, generations: Generations, registry: CollectorRegistry, *, serve_metrics: bool = True) -> None:
+        self._generations = generations
         self._registry = registry
+        self._serve_metrics = serve_metrics
+
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        generation = self._generations.enter()
+        try:
+            return await generation.proxy.serve(request, endpoint)
+        finally:
+            self._generations.leave(generation)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy.serve(request, Endpoint.CHAT)
+        return await self._serve(request, Endpoint.CHAT)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy.serve(request, Endpoint.COMPLETIONS)
+        return await self._serve(request, Endpoint.COMPLETIONS)
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "gateway"} for m in self._proxy.route_models]
+        allowed = request.get("api_key_models")
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "gateway"}
+            for m in self._generations.current.proxy.route_models
+            if allowed is None or m in allowed
+        ]
         return json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        if self._pool.any_healthy():
+        if self._generations.current.pool.any_healthy():
             return json_response({"status": "ready"})
         return json_response({"status": "not ready", "reason": "no healthy backend"}, status=503,
                              headers={"Retry-After": "1"})
@@ -88,12 +112,12 @@ class Handlers:
 
     async def admin_backends(self, request: web.Request) -> web.Response:
         backends = []
-        for s in self._pool:
+        for s in self._generations.current.pool:
             load = s.load
             backends.append({
                 "name": s.name,
                 "runtime": s.config.runtime.value,
-                "url": s.config.base_url,
+                "url": redact_url(s.config.base_url),
                 "model": s.config.model,
                 "healthy": s.healthy,
                 "probe_ok": s.probe_ok,
@@ -111,7 +135,7 @@ class Handlers:
                 "usd_per_hour": s.config.usd_per_hour,
                 "last_error": s.last_error,
             })
-        return json_response({"backends": backends})
+        return json_response({"backends": backends, "generation": self._generations.current.number})
 
     def install(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -119,5 +143,6 @@ class Handlers:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
-        app.router.add_get("/metrics", self.metrics)
+        if self._serve_metrics:
+            app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/admin/backends", self.admin_backends)

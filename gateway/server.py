@@ -21,22 +21,52 @@ from pathlib import Path
 import yaml
 from aiohttp import web
 
-from .app import build_app
+from .app import METRICS_APP, RELOADER, build_app
+from .lowlevel import GatewayRunner
+from .reload import Reloader, ReloadRejected
 from .settings import Settings
 
 log = logging.getLogger("gateway.server")
 
 
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+class _Signals:
+    """SIGINT/SIGTERM stop; SIGHUP reloads the config (once a reloader is attached). Installed before
+    the gateway says it is listening, so no signal can arrive to the default handlers."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.reloader: Reloader | None = None
+        self.workers: list[asyncio.subprocess.Process] = []  # a supervisor forwards SIGHUP to these
+        self._tasks: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+
+    def _on_hup(self) -> None:
+        for proc in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGHUP)
+        if self.workers:
+            return
+        task = asyncio.create_task(self._reload())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload(self) -> None:
+        if self.reloader is None:
+            log.warning("SIGHUP: nothing to reload")
+            return
+        try:
+            done = await self.reloader.reload()
+            log.info("SIGHUP: reloaded, generation %d", done.generation)
+        except ReloadRejected as exc:
+            log.error("SIGHUP: new config rejected, the old one keeps serving: %s", "; ".join(exc.errors))
 
 
 async def serve(
-    settings: Settings | None, *, host: str | None, port: int | None, workers: int = 1, reuse_port: bool = False
+    settings: Settings | None, *, host: str | None, port: int | None, workers: int = 1, reuse_port: bool = False,
+    config_path: str | None = None,
 ) -> int:
     demo = None
     if settings is None:
@@ -46,37 +76,62 @@ async def serve(
         settings = demo.settings
     host = host or settings.listen.host
     port = settings.listen.port if port is None else port
+    signals = _Signals()
     try:
         if workers > 1:
-            url = await _supervise(settings, host=host, port=port, workers=workers)
+            url = await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
+                                   signals=signals)
         else:
-            url, runner = await _start_worker(settings, host=host, port=port, reuse_port=reuse_port)
+            url, runners = await _start_worker(
+                settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path
+            )
         if demo is not None:
             print(demo.banner(url), flush=True)
         if workers > 1:
             return 0
-        await _wait_for_signal()
-        log.info("shutting down")
-        await runner.cleanup()
+        signals.reloader = runners[0].app[RELOADER]
+        await signals.stop.wait()
+        log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
+        for runner in runners:  # stops listening, closes idle connections, waits for running handlers
+            await runner.cleanup()
         return 0
     finally:
         if demo is not None:
             await demo.stop()
 
 
-async def _start_worker(settings: Settings, *, host: str, port: int, reuse_port: bool) -> tuple[str, web.AppRunner]:
-    app = await build_app(settings)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+async def _start_worker(
+    settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None
+) -> tuple[str, list[web.AppRunner]]:
+    app = await build_app(settings, config_path=config_path)
+    limits = settings.limits
+    runner = GatewayRunner(
+        app, header_timeout_s=limits.header_timeout_s, handler_cancellation=True, access_log=None,
+        shutdown_timeout=limits.drain_timeout_s, max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes, lingering_time=1.0,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
     url = f"http://{host}:{bound}"
+    runners: list[web.AppRunner] = [runner]
+    metrics_url = None
+    if METRICS_APP in app and settings.listen.metrics_port is not None:
+        metrics_runner = web.AppRunner(app[METRICS_APP], access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, host, settings.listen.metrics_port, reuse_port=reuse_port or None).start()
+        metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
+        runners.append(metrics_runner)
     print(f"gateway listening on {url}", flush=True)
-    return url, runner
+    if metrics_url is not None:
+        print(f"metrics on {metrics_url}", flush=True)
+    return url, runners
 
 
-async def _supervise(settings: Settings, *, host: str, port: int, workers: int) -> str:
+async def _supervise(
+    settings: Settings, *, host: str, port: int, workers: int, config_path: str | None, signals: _Signals
+) -> str:
     """Start `workers` worker processes on one port; return once they all listen, after printing the
     URL, then keep supervising until a signal arrives."""
     holder = None
@@ -87,7 +142,10 @@ async def _supervise(settings: Settings, *, host: str, port: int, workers: int) 
         port = holder.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="gateway-") as tmp:
         config = Path(tmp) / "gateway.yaml"
-        config.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
+        if config_path is not None:  # the workers reload (SIGHUP, /admin/reload) from the real file
+            config = Path(config_path)
+        else:
+            config.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
         procs = [
             await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gateway", "serve", "--config", str(config), "--host", host,
@@ -95,6 +153,7 @@ async def _supervise(settings: Settings, *, host: str, port: int, workers: int) 
             )
             for _ in range(workers)
         ]
+        signals.workers = procs
         try:
             for proc in procs:
                 assert proc.stdout is not None
@@ -105,7 +164,7 @@ async def _supervise(settings: Settings, *, host: str, port: int, workers: int) 
                 holder.close()
             url = f"http://{host}:{port}"
             print(f"gateway listening on {url} ({workers} workers)", flush=True)
-            await _wait_for_signal()
+            await signals.stop.wait()
         finally:
             for proc in procs:
                 with contextlib.suppress(ProcessLookupError):

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 from backends.base import Runtime
 
 PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
 _NAME = r"^[A-Za-z0-9_.:-]+$"
+_DIGEST = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
+
+
+def parse_digest(value: str, *, prefixed: bool = True) -> str:
+    """Normalise a `sha256:<hex>` digest to lowercase `sha256:<hex>`; a plain secret is refused so
+    that no config file ever holds a client key in clear (use `gateway hash-key`)."""
+    match = _DIGEST.match(value.strip().lower())
+    if match is None or (prefixed and match.group(1) is None):
+        raise ValueError("must be a SHA-256 digest `sha256:<64 hex>`, not a plain key (see `gateway hash-key`)")
+    return "sha256:" + match.group(2)
 
 
 class _Strict(BaseModel):
@@ -21,6 +32,8 @@ class _Strict(BaseModel):
 class Listen(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    # When set, /metrics is served only there (not on `port`), e.g. on an internal interface.
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
 
 
 class Backend(_Strict):
@@ -34,6 +47,18 @@ class Backend(_Strict):
     # Triton only: how chat messages are rendered into `text_input`.
     chat_template: Literal["chatml", "llama3", "plain"] = "chatml"
     max_concurrency: Annotated[int, Field(ge=1)] | None = None
+    # Upstream credential, sent only to this backend as `Authorization: Bearer ...`: the name of an
+    # environment variable, or a file holding the key. The key itself never appears in the config.
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    api_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Backend:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give at most one of `api_key_env` and `api_key_file`")
+        if (self.api_key_env or self.api_key_file) and (self.url.username or self.url.password):
+            raise ValueError("url: credentials in the URL cannot be combined with an api_key")
+        return self
 
     @property
     def base_url(self) -> str:
@@ -114,6 +139,47 @@ class Health(_Strict):
 
 class Limits(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 8190  # one request/header line
+    header_timeout_s: Annotated[float, Field(gt=0)] = 10.0  # until a request's headers are complete
+    body_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # until its body is complete
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0  # SIGTERM: how long in-flight requests may finish
+
+
+class ApiKey(_Strict):
+    """One client key: its digest, what it may use and how fast."""
+
+    id: Annotated[str, Field(min_length=1, max_length=64, pattern=_NAME)]  # metrics label, never the key
+    key: str  # `sha256:<hex>` of the key the client sends as `Authorization: Bearer <key>`
+    models: list[str] | None = None  # route models this key may use; None = all
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _hashed(cls, value: str) -> str:
+        return parse_digest(value)
+
+
+class Auth(_Strict):
+    api_keys: list[ApiKey] = []
+    api_keys_file: Path | None = None  # YAML list of the same entries, re-read on reload
+    admin_token_sha256: str | None = None  # digest of the token /admin/* and /dashboard require
+    admin_token_file: Path | None = None  # a file holding that digest (or the plain token, for secret mounts)
+
+    @field_validator("admin_token_sha256")
+    @classmethod
+    def _admin_hashed(cls, value: str | None) -> str | None:
+        return None if value is None else parse_digest(value, prefixed=False)
+
+    @model_validator(mode="after")
+    def _one_admin_source(self) -> Auth:
+        if self.admin_token_sha256 is not None and self.admin_token_file is not None:
+            raise ValueError("give at most one of `admin_token_sha256` and `admin_token_file`")
+        ids = [k.id for k in self.api_keys]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"api_keys: duplicate key ids {dupes}")
+        return self
 
 
 class Settings(_Strict):
@@ -124,6 +190,7 @@ class Settings(_Strict):
     retries: Retries = Retries()
     health: Health = Health()
     limits: Limits = Limits()
+    auth: Auth = Auth()
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Settings:
@@ -141,6 +208,10 @@ class Settings(_Strict):
             if missing:
                 where = "backends" if route.split is None else "split.arms"
                 raise ValueError(f"routes.{i}.{where}: unknown backend(s) {missing}")
+        for i, key in enumerate(self.auth.api_keys):
+            unknown = sorted(set(key.models or ()) - set(models))
+            if unknown:
+                raise ValueError(f"auth.api_keys.{i}.models: unknown route model(s) {unknown}")
         return self
 
     def backend(self, name: str) -> Backend:

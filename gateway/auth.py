@@ -1,0 +1,146 @@
+"""Client authentication, per-key model permissions and rate limits, the admin token, body timeouts.
+
+Keys are stored as SHA-256 digests; a presented key is hashed and compared with every configured
+digest by `hmac.compare_digest` (constant time, no early exit). The authenticated key's id is put on
+the request (`request["api_key"]`) and in a context variable for the rest of the request's task, so a
+Recorder observer can charge the request's token usage to the key without the proxy knowing keys.
+
+A key asking for a model it may not use gets 404 `model_not_found`, exactly as for a model that does
+not exist: a key learns nothing about routes it has no access to (OpenAI answers the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from . import jsonx
+from .errors import ModelNotFound, RateLimited, RequestTimeout, Unauthorized
+from .generation import Generations
+from .metrics import NONE, Outcome, Recorder
+from .ratelimit import KeyLimiter
+from .settings import ApiKey
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+CURRENT_KEY: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar("gateway_api_key", default=None)
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _digest(secret: str) -> bytes:
+    return ("sha256:" + hashlib.sha256(secret.encode()).hexdigest()).encode()
+
+
+def bearer(request: web.Request) -> str | None:
+    value = request.headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def find_key(keys: tuple[ApiKey, ...], presented: str) -> ApiKey | None:
+    digest = _digest(presented)
+    found = None
+    for key in keys:  # every digest is compared: the time does not depend on which one matches
+        if hmac.compare_digest(digest, key.key.encode()):
+            found = key
+    return found
+
+
+def model_allowed(key: ApiKey | None, model: object) -> bool:
+    return key is None or key.models is None or model in key.models
+
+
+class Guard:
+    def __init__(
+        self, generations: Generations, limiter: KeyLimiter, recorder: Recorder, registry: CollectorRegistry,
+        *, clock: Callable[[], float],
+    ) -> None:
+        self._generations = generations
+        self._limiter = limiter
+        self._recorder = recorder
+        self._clock = clock
+        self.key_requests = Counter(
+            "gateway_key_requests", "Requests by client key id and outcome.", ("key", "status"), registry=registry
+        )
+        self.key_tokens = Counter(
+            "gateway_key_tokens", "Tokens by client key id (from usage).", ("key", "kind"), registry=registry
+        )
+
+    def observe(self, outcome: Outcome) -> None:
+        """Recorder observer: runs in the request's task, so CURRENT_KEY is the request's key."""
+        key = CURRENT_KEY.get()
+        if key is None:
+            return
+        self.key_requests.labels(key.id, outcome.status).inc()
+        if outcome.usage is not None:
+            self.key_tokens.labels(key.id, "prompt").inc(outcome.usage.prompt_tokens)
+            self.key_tokens.labels(key.id, "completion").inc(outcome.usage.completion_tokens)
+            self._limiter.charge(key, outcome.usage.prompt_tokens + outcome.usage.completion_tokens)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in PUBLIC_PATHS:
+            return await handler(request)
+        generation = self._generations.current
+        secrets = generation.secrets
+        if path.startswith(("/admin", "/dashboard")):
+            if secrets.admin_digest is not None:
+                token = bearer(request)
+                if token is None or not hmac.compare_digest(_digest(token), secrets.admin_digest.encode()):
+                    raise Unauthorized("A valid admin token is required (Authorization: Bearer).",
+                                       code="invalid_admin_token")
+            return await handler(request)
+        key: ApiKey | None = None
+        if secrets.api_keys and path.startswith("/v1/"):
+            token = bearer(request)
+            key = find_key(secrets.api_keys, token) if token is not None else None
+            if key is None:
+                self._reject(request, "401")
+                raise Unauthorized(
+                    "Incorrect API key provided." if token else
+                    "You didn't provide an API key (Authorization: Bearer YOUR_KEY)."
+                )
+            request["api_key"] = key.id
+            request["api_key_models"] = key.models
+            limited = self._limiter.admit(key)
+            if limited is not None:
+                wait, kind = limited
+                self.key_requests.labels(key.id, "429").inc()
+                self._reject(request, "429")
+                raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
+                                  kind=kind, retry_after_s=wait)
+        if request.method == "POST" and request.can_read_body:
+            try:
+                async with asyncio.timeout(generation.settings.limits.body_timeout_s):
+                    body = await request.read()
+            except TimeoutError:
+                raise RequestTimeout("The request body was not received in time.") from None
+            if key is not None and key.models is not None and path in _GENERATION_PATHS:
+                model = _model_of(body)
+                if isinstance(model, str) and not model_allowed(key, model):
+                    raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        token_ctx = CURRENT_KEY.set(key)
+        try:
+            return await handler(request)
+        finally:
+            CURRENT_KEY.reset(token_ctx)
+
+    def _reject(self, request: web.Request, status: str) -> None:
+        if request.path in _GENERATION_PATHS:  # every generation request is counted exactly once
+            self._recorder.record(Outcome(NONE, NONE, NONE, status, 0.0))
+
+
+def _model_of(body: bytes) -> object:
+    try:
+        parsed = jsonx.loads(body)
+    except jsonx.JSONDecodeError:
+        return None  # the proxy answers malformed JSON with its own 400
+    return parsed.get("model") if isinstance(parsed, dict) else None

@@ -1,0 +1,100 @@
+"""Tiny fake backends on real sockets, for behaviour the emulators have no knob for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from .harness import LoopThread
+
+CHAT_REPLY = (
+    b'{"id":"chatcmpl-1","object":"chat.completion","created":0,"model":"tiny-moe","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+)
+
+
+@dataclass
+class RecordingBackend:
+    """An OpenAI-speaking (vLLM-faced) backend that records the headers of every generation request."""
+
+    url: str
+    runner: web.AppRunner
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+
+async def start_recording_backend() -> RecordingBackend:
+    seen: list[dict[str, str]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        await request.read()
+        return web.Response(body=CHAT_REPLY, content_type="application/json")
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", ok)
+    app.router.add_get("/metrics", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    backend = RecordingBackend(f"http://127.0.0.1:{port}", runner)
+    backend.headers = seen
+    return backend
+
+
+@dataclass
+class ResettingServer:
+    """Answers GETs (health probes, metrics) with an empty 200, and resets every POST (RST via
+    SO_LINGER 0) as soon as its request line arrives, before any response byte: a backend that
+    looks healthy and dies between accepting a generation request and answering it."""
+
+    port: int
+    server: asyncio.Server
+    accepted: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def start_resetting_server() -> ResettingServer:
+    import socket
+    import struct
+
+    holder: list[ResettingServer] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = b""
+        with contextlib.suppress(Exception):
+            while True:
+                line = await reader.readline()
+                if not line.startswith(b"GET"):
+                    break
+                while (await reader.readline()) not in (b"\r\n", b""):
+                    pass
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        if line:
+            holder[0].accepted.append(1)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    holder.append(ResettingServer(port, server))
+    return holder[0]
+
+
+def run(loop: LoopThread, coro: object) -> object:
+    return loop.run(coro)  # type: ignore[arg-type]
