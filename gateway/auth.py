@@ -12,6 +12,7 @@ not exist: a key learns nothing about routes it has no access to (OpenAI answers
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextvars
 import hashlib
 import hmac
@@ -42,6 +43,23 @@ def bearer(request: web.Request) -> str | None:
     value = request.headers.get("Authorization", "")
     scheme, _, token = value.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def admin_credential(request: web.Request) -> str | None:
+    """The admin token from `Authorization: Bearer T`, or from HTTP Basic auth with T as the password.
+
+    Basic is accepted so that a browser can open `/dashboard`: on a 401 it prompts for credentials
+    and then sends them with every request the page makes, including its polls of `/admin/*`.
+    """
+    value = request.headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "basic":
+        return bearer(request)
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return decoded.partition(":")[2] or None
 
 
 def find_key(keys: tuple[ApiKey, ...], presented: str) -> ApiKey | None:
@@ -93,10 +111,14 @@ class Guard:
         secrets = generation.secrets
         if path.startswith(("/admin", "/dashboard")):
             if secrets.admin_digest is not None:
-                token = bearer(request)
+                token = admin_credential(request)
                 if token is None or not hmac.compare_digest(_digest(token), secrets.admin_digest.encode()):
-                    raise Unauthorized("A valid admin token is required (Authorization: Bearer).",
-                                       code="invalid_admin_token")
+                    raise Unauthorized(
+                        "A valid admin token is required (Authorization: Bearer, or Basic with the token "
+                        "as the password).",
+                        code="invalid_admin_token",
+                        challenge='Basic realm="gateway admin"' if path.startswith("/dashboard") else None,
+                    )
             return await handler(request)
         key: ApiKey | None = None
         if secrets.api_keys and path.startswith("/v1/"):

@@ -153,8 +153,8 @@ class Unauthorized(GatewayError):
     type = "invalid_request_error"
     code = "invalid_api_key"
 
-    def __init__(self, message: str, *, code: str = "invalid_api_key") -> None:
-        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="gateway"'})
+    def __init__(self, message: str, *, code: str = "invalid_api_key", challenge: str | None = None) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": challenge or 'Bearer realm="gateway"'})
         self.code = code
 
 

@@ -108,6 +108,15 @@ def test_admin_and_dashboard_need_the_admin_token(fleet: GatewayProcess) -> None
     assert fleet.post("/admin/reload", headers=bearer(KEY_A)).status_code == 401
 
 
+def test_a_browser_can_open_the_dashboard_with_basic_auth(fleet: GatewayProcess) -> None:
+    challenge = fleet.get("/dashboard")
+    assert challenge.status_code == 401
+    assert challenge.headers["WWW-Authenticate"].startswith("Basic")  # the browser prompts
+    assert fleet.get("/dashboard", auth=("admin", ADMIN)).status_code == 200
+    assert fleet.get("/admin/compare", auth=("admin", ADMIN)).status_code == 200  # the page's polls
+    assert fleet.get("/dashboard", auth=("admin", "wrong")).status_code == 401
+
+
 def test_plain_keys_in_config_are_refused(tmp_path: Path) -> None:
     config = {"backends": [{"name": "v", "runtime": "vllm", "url": "http://127.0.0.1:1", "model": "m"}],
               "routes": [{"model": "m", "backends": ["v"]}],
