@@ -94,6 +94,8 @@ async def build_app(
     session = aiohttp.ClientSession(connector=connector)
 
     def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
+        if number > 1:
+            stats.reconfigure(settings)  # new backends and arms join the live comparison
         pool = build_pool(settings, secrets)
         proxy = Proxy(
             settings, pool, recorder, session, clock=clock, rng=rng, routing=routing, throughput=throughput

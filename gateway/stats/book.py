@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..metrics import NONE, Outcome
 from ..settings import Settings
@@ -67,25 +67,45 @@ class StatsBook:
         self.started_at = started_at
         self.weights: WeightsFn = weights if weights is not None else configured_weights(settings)
         self._rng = random.Random(seed)
-        self.prices = {b.name: b.usd_per_hour for b in settings.backends}
-
-        def group(kind: str, name: str, backends: list[str], runtime: str | None = None,
-                  route: str | None = None) -> Group:
-            return Group(kind, name, tuple(backends), runtime, route, Series(started_at, self._rng))
-
-        self.backends = {
-            b.name: group("backend", b.name, [b.name], b.runtime.value) for b in settings.backends
-        }
-        runtimes: dict[str, list[str]] = {}
-        for b in settings.backends:
-            runtimes.setdefault(b.runtime.value, []).append(b.name)
-        self.runtimes = {rt: group("runtime", rt, names, rt) for rt, names in runtimes.items()}
+        self.backends: dict[str, Group] = {}
+        self.runtimes: dict[str, Group] = {}
         self.arms: dict[tuple[str, str], Group] = {}
+        self.total = self._group("total", "all", [b.name for b in settings.backends])
+        self.reconfigure(settings)
+
+    def _group(self, kind: str, name: str, backends: list[str], runtime: str | None = None,
+               route: str | None = None) -> Group:
+        return Group(kind, name, tuple(backends), runtime, route, Series(self.started_at, self._rng))
+
+    def reconfigure(self, settings: Settings) -> None:
+        """Adopt a (re)loaded config: groups for new backends, runtimes and arms start empty; existing
+        ones keep their history (a backend is identified by its name), with membership and prices
+        updated. Groups that the new config no longer has are dropped."""
+        self.settings = settings
+        self.prices = {b.name: b.usd_per_hour for b in settings.backends}
+        backends = {}
+        for b in settings.backends:
+            old = self.backends.get(b.name)
+            backends[b.name] = old if old is not None else self._group("backend", b.name, [b.name], b.runtime.value)
+        self.backends = backends
+        members: dict[str, list[str]] = {}
+        for b in settings.backends:
+            members.setdefault(b.runtime.value, []).append(b.name)
+        runtimes = {}
+        for rt, names in members.items():
+            old_rt = self.runtimes.get(rt)
+            runtimes[rt] = (replace(old_rt, backends=tuple(names)) if old_rt is not None
+                            else self._group("runtime", rt, names, rt))
+        self.runtimes = runtimes
+        arms: dict[tuple[str, str], Group] = {}
         for r in settings.routes:
             if r.split is not None:
                 for a in r.split.arms:
-                    self.arms[(r.model, a.name)] = group("arm", a.name, a.backends, route=r.model)
-        self.total = group("total", "all", [b.name for b in settings.backends])
+                    old_arm = self.arms.get((r.model, a.name))
+                    arms[(r.model, a.name)] = (replace(old_arm, backends=tuple(a.backends)) if old_arm is not None
+                                               else self._group("arm", a.name, a.backends, route=r.model))
+        self.arms = arms
+        self.total = replace(self.total, backends=tuple(b.name for b in settings.backends))
 
     def record(self, o: Outcome) -> None:
         sample = to_sample(o)
