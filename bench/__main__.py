@@ -13,6 +13,8 @@ from collections.abc import Sequence
 COMMANDS = {
     "overhead": ("bench.overhead", "gateway vs direct vs a naive proxy against nginx: throughput, latency, CPU"),
     "soak": ("bench.soak", "minutes of mixed load with faults: errors by cause, gateway RSS over time"),
+    "routing": ("bench.routing", "routing quality of every policy over emulated fleets (--quick: < 3 min)"),
+    "real-vllm": ("bench.real_vllm", "round_robin vs prefix_affinity on two real vLLM CPU servers"),
 }
 
 

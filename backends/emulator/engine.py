@@ -197,7 +197,11 @@ class Engine:
 
     def _admit(self, now_s: float) -> list[Admitted]:
         p, admitted = self.params, []
-        while self._waiting and len(self._running) < p.max_num_seqs:
+        # Like vLLM v1's scheduler, admit only while this step's token budget has room after the running
+        # requests (one decode token each, or their remaining prefill): under prefill overload requests
+        # stay *waiting*, which is what the engine's queue metrics (and SLA routing) must see.
+        budget = p.max_batched_tokens - sum(max(r.prefill_target - r.prefilled, 1) for r in self._running)
+        while self._waiting and len(self._running) < p.max_num_seqs and budget > 0:
             req = self._waiting[0]
             prompt = req.tokens
             # The last prompt token is always recomputed, so at most P-1 tokens can come from cache.
@@ -214,6 +218,7 @@ class Engine:
                 admitted.append(Admitted(req.rid, len(prompt), cached))
             req.prefilled = cached
             self._running.append(req)
+            budget -= max(req.prefill_target - cached, 1)
         return admitted
 
     def _preempt_for(self, needed: int) -> int:

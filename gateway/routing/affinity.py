@@ -8,9 +8,9 @@
    it first.
 4. Bounded load (consistent hashing with bounded loads): a candidate whose load exceeds
    `load_factor` x mean + `slack` is skipped and we walk down the ranking -> reason "spill". Hit
-   holders come first, then the rest in rendezvous order, so a hot prefix spills to the same next
-   backend everywhere, which then caches it too: the prefix spreads instead of becoming the
-   cache-hit "death spiral" where one backend gets all the traffic.
+   holders come first, then the least loaded of the rest, which then caches the prefix too: a hot
+   prefix spreads instead of becoming the cache-hit "death spiral" where one backend gets all the
+   traffic.
 5. No key at all (a prompt shorter than one block, no hints): least load -> "least_load".
 """
 
@@ -52,7 +52,9 @@ class PrefixAffinity:
                 return Decision(candidates[first].name, "affinity", hits[first])
             order = sorted(range(len(candidates)), key=lambda i: (-hits[i], loads[i], -hrw(k, candidates[i].name)))
             holders = [i for i in order if hits[i] > 0]
-            rest = sorted((i for i in order if hits[i] == 0), key=lambda i: hrw(k, candidates[i].name), reverse=True)
+            # a hot prefix spreads to the least loaded non-holder (rendezvous breaks ties), so it does not
+            # pile onto the same "next" backend every time
+            rest = sorted((i for i in order if hits[i] == 0), key=lambda i: (loads[i], -hrw(k, candidates[i].name)))
             chosen = next((i for i in holders + rest if loads[i] <= bound), first)  # min load <= bound
             return Decision(candidates[chosen].name, "spill", hits[chosen])
         if key is None:

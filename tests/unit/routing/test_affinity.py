@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.routing import POLICIES, PrefixAffinity, RequestFeatures, RoutingState, Snapshot
+from gateway.routing.scoring import DEFAULT_SLACK
 
 from .helpers import RNG, doc, features, req, snap, view, warm
 
@@ -117,7 +118,7 @@ def test_bounded_load_guard_never_picks_above_the_bound(
     holders = data.draw(st.sets(st.sampled_from(range(len(views)))))
     for i in holders:
         warm(state, views[i], f)
-    bound = factor * sum(backend_loads) / len(backend_loads) + 1.0
+    bound = factor * sum(backend_loads) / len(backend_loads) + DEFAULT_SLACK
     choice = PrefixAffinity(load_factor=factor).choose(req(f), snap(state, *views), RNG)
     assert choice is not None
     assert views[int(choice.backend[1:])].load_score <= bound
