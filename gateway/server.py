@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -100,6 +101,14 @@ async def serve(
             await demo.stop()
 
 
+def _raise_open_file_limit() -> None:
+    """Every open stream holds two sockets (client and backend): lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def _start_worker(
     settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None
 ) -> tuple[str, list[web.AppRunner]]:
@@ -111,7 +120,8 @@ async def _start_worker(
         max_field_size=limits.max_header_bytes, lingering_time=1.0,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+    _raise_open_file_limit()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=settings.listen.backlog)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
     url = f"http://{host}:{bound}"

@@ -34,6 +34,9 @@ class Listen(_Strict):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     # When set, /metrics is served only there (not on `port`), e.g. on an internal interface.
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    # Accept queue length: a burst of new connections beyond it is dropped by the kernel (aiohttp's
+    # default of 128 overflowed with 1,000 streams opening per second in bench/overhead.py).
+    backlog: Annotated[int, Field(ge=1)] = 4096
 
 
 class Backend(_Strict):
