@@ -20,19 +20,13 @@ import random
 
 from .base import Decision, RouteRequest, Snapshot
 from .hashing import hrw
-from .scoring import DEFAULT_LOAD_FACTOR, DEFAULT_SLACK, by_rendezvous, hits_for, least_loaded, walk
+from .scoring import LoadBounded, by_rendezvous, hits_for, least_loaded, walk
 
 
-class PrefixAffinity:
+class PrefixAffinity(LoadBounded):
     """Longest expected prefix hit, rendezvous placement for new prefixes, bounded-load spill."""
 
     name = "prefix_affinity"
-
-    def __init__(self, *, load_factor: float = DEFAULT_LOAD_FACTOR, slack: float = DEFAULT_SLACK) -> None:
-        if load_factor < 1:
-            raise ValueError("load_factor must be at least 1")
-        self.load_factor = load_factor
-        self.slack = slack
 
     def choose(self, req: RouteRequest, snapshot: Snapshot, rng: random.Random) -> Decision | None:
         candidates = snapshot.healthy(req.exclude)
@@ -41,7 +35,7 @@ class PrefixAffinity:
         features = req.features
         key = features.affinity_key
         loads = [v.load_score for v in candidates]
-        bound = self.load_factor * sum(loads) / len(loads) + self.slack
+        bound = self.bound(candidates)
         hits = hits_for(snapshot, features, candidates)
         if max(hits) > 0:
             k = features.chain[0] if key is None else key  # describe always sets a key with a chain

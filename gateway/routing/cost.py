@@ -13,25 +13,19 @@ from __future__ import annotations
 import random
 
 from .base import Decision, RouteRequest, Snapshot
-from .scoring import DEFAULT_LOAD_FACTOR, DEFAULT_SLACK, cost_rank, hits_for, load_bound, pick
+from .scoring import LoadBounded, cost_rank, hits_for, pick
 
 
-class Cost:
+class Cost(LoadBounded):
     """Lowest cost per output token under the load bound."""
 
     name = "cost"
-
-    def __init__(self, *, load_factor: float = DEFAULT_LOAD_FACTOR, slack: float = DEFAULT_SLACK) -> None:
-        if load_factor < 1:
-            raise ValueError("load_factor must be at least 1")
-        self.load_factor = load_factor
-        self.slack = slack
 
     def choose(self, req: RouteRequest, snapshot: Snapshot, rng: random.Random) -> Decision | None:
         candidates = snapshot.healthy(req.exclude)
         if not candidates:
             return None
-        bound = load_bound(candidates, load_factor=self.load_factor, slack=self.slack)
+        bound = self.bound(candidates)
         acceptable = [v for v in candidates if v.load_score <= bound]  # never empty: min <= mean
         features = req.features
         hits = dict(zip((v.name for v in acceptable), hits_for(snapshot, features, acceptable), strict=True))

@@ -32,6 +32,19 @@ def load_bound(candidates: Sequence[BackendView], *, load_factor: float, slack: 
     return load_factor * sum(v.load_score for v in candidates) / len(candidates) + slack
 
 
+class LoadBounded:
+    """Shared by the policies with a bounded-load guard: its two knobs and the bound they give."""
+
+    def __init__(self, *, load_factor: float = DEFAULT_LOAD_FACTOR, slack: float = DEFAULT_SLACK) -> None:
+        if load_factor < 1:
+            raise ValueError("load_factor must be at least 1")
+        self.load_factor = load_factor
+        self.slack = slack
+
+    def bound(self, candidates: Sequence[BackendView]) -> float:
+        return load_bound(candidates, load_factor=self.load_factor, slack=self.slack)
+
+
 def hit_tokens(snapshot: Snapshot, features: RequestFeatures, view: BackendView) -> int:
     """Prompt tokens the prefix index expects `view` to serve from its cache."""
     if not features.chain:
