@@ -15,6 +15,7 @@ COMMANDS = {
     "soak": ("bench.soak", "minutes of mixed load with faults: errors by cause, gateway RSS over time"),
     "routing": ("bench.routing", "routing quality of every policy over emulated fleets (--quick: < 3 min)"),
     "real-vllm": ("bench.real_vllm", "round_robin vs prefix_affinity on two real vLLM CPU servers"),
+    "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
 }
 
 
