@@ -59,7 +59,7 @@ from .splits import LiveSplit
 log = logging.getLogger("gateway.proxy")
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
-# statuses of requests whose response came from the engine (a failed attempt was already reported)
+# statuses of responses the engine produced (its usage then corrects the prefix memory)
 _RESPONSE_STARTED = frozenset({"200", "stream_error", "client_closed"})
 
 
@@ -232,13 +232,14 @@ class Proxy:
             ex.sent_at = self._clock()
             try:
                 opened = await self._open(state, parsed, ex.request_id)
-            except (BackendError, UpstreamError) as exc:
+            except BaseException as exc:  # incl. cancellation: every dispatched ticket is closed once
                 assert ex.ticket is not None
-                # the engine did work unless it refused outright (connect error, 429/503, 4xx)
+                # the engine did work unless it refused outright (connect error, 429/503, 4xx, bad input)
                 reached = isinstance(exc, BackendError) and not isinstance(
                     exc, BackendConnectError | BackendOverloaded
                 )
                 self.routing.failed(ex.ticket, reached_engine=reached)
+                ex.ticket = None
                 if isinstance(exc, BackendError):
                     ex.error = exc
                 raise
@@ -436,13 +437,17 @@ class Proxy:
             ttft = None if stream.first_event_at is None else stream.first_event_at - ex.started
             gaps = stream.gaps
         state = ex.last
-        if ex.ticket is not None and status in _RESPONSE_STARTED:
-            self.routing.completed(
-                ex.ticket,
-                cached_tokens=usage.cached_tokens if usage else None,
-                prompt_tokens=usage.prompt_tokens if usage else None,
-                itl_s=fmean(gaps) if gaps else None,
-            )
+        if ex.ticket is not None:  # an attempt that got a response: close its ticket exactly once
+            if status in _RESPONSE_STARTED:
+                self.routing.completed(
+                    ex.ticket,
+                    cached_tokens=usage.cached_tokens if usage else None,
+                    prompt_tokens=usage.prompt_tokens if usage else None,
+                    itl_s=fmean(gaps) if gaps else None,
+                )
+            else:
+                self.routing.failed(ex.ticket, reached_engine=True)
+            ex.ticket = None
         self._recorder.record(
             Outcome(
                 state.name if state else NONE,
@@ -504,6 +509,13 @@ class Proxy:
                 relay.feed(data, self._clock())
                 usage = relay.stats.usage
             self._recorder.shadow(origin.model, ex.arm or NONE, status, usage)
+            if ex.ticket is not None:  # the engine cached this prompt too: keep the routing memory true
+                self.routing.completed(
+                    ex.ticket, cached_tokens=usage.cached_tokens if usage else None,
+                    prompt_tokens=usage.prompt_tokens if usage else None, itl_s=None,
+                )
         except (GatewayError, BackendError, UpstreamFormatError, aiohttp.ClientError, TimeoutError) as exc:
             log.debug("shadow request %s failed: %s", ex.request_id, exc)
             self._recorder.shadow(origin.model, ex.arm or NONE, status, None)
+            if ex.ticket is not None:
+                self.routing.failed(ex.ticket, reached_engine=not isinstance(exc, BackendConnectError))
