@@ -112,8 +112,11 @@ class Handlers:
 
     async def admin_backends(self, request: web.Request) -> web.Response:
         backends = []
-        for s in self._generations.current.pool:
+        generation = self._generations.current
+        routing = generation.proxy.routing
+        for s in generation.pool:
             load = s.load
+            learned = routing.latency.get(s.name)
             backends.append({
                 "name": s.name,
                 "runtime": s.config.runtime.value,
@@ -134,6 +137,13 @@ class Handlers:
                 },
                 "usd_per_hour": s.config.usd_per_hour,
                 "last_error": s.last_error,
+                # what the routing memory believes (the inputs of prefix_affinity and sla)
+                "routing": {
+                    "cached_prefix_blocks": routing.index.size(s.name),
+                    "backlog_tokens": learned.backlog_tokens if learned else 0.0,
+                    "prefill_tokens_per_s": learned.prefill_tokens_per_s if learned else None,
+                    "predicted_tpot_s": learned.tpot_s((load.running or s.in_flight) + 1) if learned else None,
+                },
             })
         return json_response({"backends": backends, "generation": self._generations.current.number})
 

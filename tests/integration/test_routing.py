@@ -151,3 +151,27 @@ def test_shadow_traffic_is_mirrored_and_never_seen(emulators: Emulators, gateway
     eventually(lambda: gw.metric("gateway_shadow_requests_total", arm="sglang", status="200") == 5)
     assert s.stats.requests_received >= 5
     assert gw.metric("gateway_requests_total", backend="s") == 0
+
+
+def test_every_request_leaves_the_routing_backlog_as_it_found_it(emulators: Emulators, gateway: StartGateway) -> None:
+    """Sent prefill is counted as backlog until the first token; failed, refused, cancelled and
+    translated-away requests must not leave any behind (they would skew every SLA prediction)."""
+    gw = gateway([backend_entry("v", emulators.start("vllm", fail_first=3, fail_status=400), "vllm"),
+                  backend_entry("t", emulators.start("triton"), "triton")],
+                 routes=[{"model": "moe", "backends": ["v"], "policy": "sla"},
+                         {"model": "tri", "backends": ["t"], "policy": "sla"}])
+    c = gw.client()
+    for _ in range(3):  # the backend's own 400s
+        with pytest.raises(openai.BadRequestError):
+            ask(c, "x")
+    with pytest.raises(openai.BadRequestError):  # Triton cannot express tools: refused before sending
+        c.chat.completions.create(model="tri", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                  tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    ask(c, "ok")
+    list(c.chat.completions.create(model="moe", messages=[{"role": "user", "content": SYSTEM}], max_tokens=2,
+                                   stream=True))
+    routing = {b["name"]: b["routing"] for b in gw.get("/admin/backends").json()["backends"]}
+    assert routing["v"]["backlog_tokens"] == 0.0
+    assert routing["t"]["backlog_tokens"] == 0.0
+    assert routing["v"]["cached_prefix_blocks"] > 0
+    assert routing["v"]["prefill_tokens_per_s"] is not None  # learned from the stream's first token
