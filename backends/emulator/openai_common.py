@@ -139,9 +139,11 @@ class Died(Exception):
 
 async def stream_tokens(
     ctx: FaceContext, request: web.Request, gen: Generation, *, on_error_event: Callable[[], bytes] | None = None,
-    resp: web.StreamResponse | None = None,
+    resp: web.StreamResponse | None = None, trailer: bytes = DONE,
 ) -> AsyncIterator[Token]:
-    """Yield the request's tokens, applying the mid-stream faults; always aborts the engine request
+    """Yield the request's tokens, applying the mid-stream faults (`die_after_tokens` drops the
+    connection; `error_after_tokens` writes `on_error_event()` then `trailer`, `[DONE]` for the
+    OpenAI faces, nothing for Triton), raising Died in both cases; always aborts the engine request
     if the consumer stops early (client disconnect, handler cancelled, fault)."""
     faults = ctx.config.faults
     count = 0
@@ -157,8 +159,7 @@ async def stream_tokens(
                 and resp is not None and on_error_event is not None
             ):
                 gen.abort()
-                await resp.write(on_error_event())
-                await resp.write(DONE)
+                await resp.write(on_error_event() + trailer)
                 raise Died
             count += 1
             yield tok

@@ -11,8 +11,8 @@ import orjson
 from aiohttp import web
 
 from backends.emulator import tokenizer
-from backends.emulator.context import CONTEXT_KEY, FaceContext, abort_transport
-from backends.emulator.openai_common import SSE_CONTENT_TYPE, BodyError, parse_body, stop_list
+from backends.emulator.context import CONTEXT_KEY, FaceContext
+from backends.emulator.openai_common import SSE_CONTENT_TYPE, BodyError, Died, parse_body, stop_list, stream_tokens
 from backends.emulator.triton_metrics import CONTENT_TYPE, TritonMetrics
 
 VERSION = "2.59.0"
@@ -98,7 +98,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return p
 
     gen = ctx.start(prompt, [plan])
-    faults = ctx.config.faults
     try:
         if not stream:
             pieces = [tok.piece async for tok in gen.tokens()]
@@ -106,26 +105,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return web.Response(body=_dump(payload(text, len(pieces))), content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
         await resp.prepare(request)
-        count = 0
         try:
-            async for tok in gen.tokens():
-                if faults.die_after_tokens is not None and count >= faults.die_after_tokens:
-                    ctx.stats.died_mid_stream += 1
-                    gen.abort()
-                    abort_transport(request)
-                    return resp
-                if faults.error_after_tokens is not None and count >= faults.error_after_tokens:
-                    gen.abort()
-                    await resp.write(b"data: " + orjson.dumps({"error": "Injected mid-stream failure"}) + b"\n\n")
-                    break
-                count += 1
+            async for tok in stream_tokens(ctx, request, gen, resp=resp, on_error_event=_injected_error, trailer=b""):
                 await resp.write(b"data: " + _dump(payload(tok.piece, 1)) + b"\n\n")
             await resp.write_eof()
-        except ConnectionResetError:
-            pass
+        except (Died, ConnectionResetError):
+            pass  # Triton sends no sentinel: the stream just ends (or the connection was dropped)
         return resp
     finally:
         gen.abort()
+
+
+def _injected_error() -> bytes:
+    return b"data: " + orjson.dumps({"error": "Injected mid-stream failure"}) + b"\n\n"
 
 
 async def live(request: web.Request) -> web.Response:
