@@ -13,7 +13,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+import time
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -143,6 +144,16 @@ class GatewayProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         return self.proc.returncode
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Poll `condition` until it holds, failing after `timeout` seconds (tests never sleep to
+    synchronise: they wait for an observable state)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
 
 
 def iter_lines(response: httpx.Response) -> Iterator[str]:

@@ -15,8 +15,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from . import harness
-from .harness import Emulators, GatewayProcess, backend_entry
+from .harness import Emulators, GatewayProcess, backend_entry, eventually
 from .test_errors import assert_openai_error
 
 StartGateway = Callable[..., GatewayProcess]
@@ -140,7 +139,7 @@ def test_a_client_that_reads_nothing_does_not_block_other_streams(gw: GatewayPro
     try:
         stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                         + f"Content-Length: {len(request)}\r\n\r\n".encode() + request)
-        harness_eventually(lambda: gw.metric("gateway_backend_in_flight") >= 1)
+        eventually(lambda: gw.metric("gateway_backend_in_flight") >= 1)
         done = threading.Event()
 
         def other() -> None:
@@ -159,15 +158,6 @@ def test_a_client_that_reads_nothing_does_not_block_other_streams(gw: GatewayPro
         assert gw.metric("gateway_backend_in_flight") >= 1  # the stalled stream is still open, paused
     finally:
         stalled.close()
-    harness_eventually(lambda: gw.metric("gateway_backend_in_flight") == 0)
+    eventually(lambda: gw.metric("gateway_backend_in_flight") == 0)
 
 
-def harness_eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
-assert harness  # the module is the shared process harness

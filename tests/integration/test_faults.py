@@ -10,18 +10,11 @@ import httpx
 import openai
 import pytest
 
-from .harness import Emulators, GatewayProcess, backend_entry
+from .harness import Emulators, GatewayProcess, backend_entry, eventually
 
 StartGateway = Callable[..., GatewayProcess]
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
-
-def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def sdk(gw: GatewayProcess) -> openai.OpenAI:

@@ -19,9 +19,8 @@ import pytest
 import yaml
 
 from .fakes import ResettingServer, start_resetting_server
-from .harness import ROOT, Emulators, GatewayProcess, LoopThread, backend_entry
+from .harness import ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, eventually
 from .test_bad_input import address
-from .test_bad_input import harness_eventually as eventually
 from .test_errors import assert_openai_error
 
 StartGateway = Callable[..., GatewayProcess]

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 
 import openai
 import pytest
 
-from .harness import Emulators, GatewayProcess, backend_entry
+from .harness import Emulators, GatewayProcess, backend_entry, eventually
 
 StartGateway = Callable[..., GatewayProcess]
 SYSTEM = "You are a meticulous assistant for a large online bookshop. " * 40  # ~600 tokens shared
 
-
-def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def fleet(emulators: Emulators, n: int = 3, runtime: str = "vllm") -> list[dict[str, object]]:
