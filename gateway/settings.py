@@ -49,7 +49,6 @@ class Backend(_Strict):
     metrics_url: HttpUrl | None = None
     # Triton only: how chat messages are rendered into `text_input`.
     chat_template: Literal["chatml", "llama3", "plain"] = "chatml"
-    max_concurrency: Annotated[int, Field(ge=1)] | None = None
     # Upstream credential, sent only to this backend as `Authorization: Bearer ...`: the name of an
     # environment variable, or a file holding the key. The key itself never appears in the config.
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
