@@ -16,7 +16,7 @@ from backends.base import Adapter
 from backends.registry import adapter_for
 
 from . import split_admin
-from .auth import Guard
+from .auth import Dispatch, Guard
 from .dashboard import DashboardHandlers
 from .generation import Generation, Generations, LivePool
 from .handlers import Handlers, error_middleware
@@ -39,6 +39,7 @@ STATS = web.AppKey("stats", StatsBook)
 GENERATIONS = web.AppKey("generations", Generations)
 RELOADER = web.AppKey("reloader", Reloader)
 METRICS_APP = web.AppKey("metrics_app", web.Application)
+DISPATCH: web.AppKey[Dispatch] = web.AppKey("dispatch")  # the generation endpoints, for the native front
 
 
 def build_pool(settings: Settings, secrets: Secrets | None = None) -> Pool:
@@ -118,6 +119,7 @@ async def build_app(
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, registry, serve_metrics=not separate_metrics)
     handlers.install(app)
+    app[DISPATCH] = guard.guarded(handlers.generate)
     reloader.install(app)
     split_admin.install(app, lambda: generations.current.proxy)
     install_openapi(app)

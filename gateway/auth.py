@@ -16,45 +16,51 @@ import base64
 import contextvars
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
+
+from backends.base import Endpoint
 
 from . import jsonx
 from .errors import ModelNotFound, RateLimited, RequestTimeout, Unauthorized
 from .generation import Generations
 from .metrics import NONE, Outcome, Recorder
 from .ratelimit import KeyLimiter
+from .reply import Reply
 from .settings import ApiKey
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 CURRENT_KEY: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar("gateway_api_key", default=None)
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
-_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+ENDPOINT_PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+GENERATION_PATHS = frozenset(ENDPOINT_PATHS.values())
+# (headers with lower-case names, body, endpoint, reply, request id)
+Dispatch = Callable[[dict[str, str], bytes, Endpoint, Reply, str], Awaitable[None]]
 
 
 def _digest(secret: str) -> bytes:
     return ("sha256:" + hashlib.sha256(secret.encode()).hexdigest()).encode()
 
 
-def bearer(request: web.Request) -> str | None:
-    value = request.headers.get("Authorization", "")
+def bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
     scheme, _, token = value.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def admin_credential(request: web.Request) -> str | None:
+def admin_credential(headers: Mapping[str, str]) -> str | None:
     """The admin token from `Authorization: Bearer T`, or from HTTP Basic auth with T as the password.
 
     Basic is accepted so that a browser can open `/dashboard`: on a 401 it prompts for credentials
     and then sends them with every request the page makes, including its polls of `/admin/*`.
     """
-    value = request.headers.get("Authorization", "")
+    value = headers.get("authorization", "")
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "basic":
-        return bearer(request)
+        return bearer(headers)
     try:
         decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
@@ -102,61 +108,93 @@ class Guard:
             self.key_tokens.labels(key.id, "completion").inc(outcome.usage.completion_tokens)
             self._limiter.charge(key, outcome.usage.prompt_tokens + outcome.usage.completion_tokens)
 
+    def admit(self, path: str, headers: Mapping[str, str]) -> ApiKey | None:
+        """Authenticate a `/v1/` request and apply its key's rate limit; the key (None when keys are
+        not configured). Raises Unauthorized or RateLimited."""
+        secrets = self._generations.current.secrets
+        if not secrets.api_keys:
+            return None
+        token = bearer(headers)
+        key = find_key(secrets.api_keys, token) if token is not None else None
+        if key is None:
+            self._reject(path, "401")
+            raise Unauthorized(
+                "Incorrect API key provided." if token else
+                "You didn't provide an API key (Authorization: Bearer YOUR_KEY)."
+            )
+        limited = self._limiter.admit(key)
+        if limited is not None:
+            wait, kind = limited
+            self.key_requests.labels(key.id, "429").inc()
+            self._reject(path, "429")
+            raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
+                              kind=kind, retry_after_s=wait)
+        return key
+
+    @staticmethod
+    def check_model(key: ApiKey | None, path: str, body: bytes) -> None:
+        """A key limited to some models gets 404 for the others, as if they did not exist."""
+        if key is not None and key.models is not None and path in GENERATION_PATHS:
+            model = _model_of(body)
+            if isinstance(model, str) and not model_allowed(key, model):
+                raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path in PUBLIC_PATHS:
             return await handler(request)
         generation = self._generations.current
-        secrets = generation.secrets
         if path.startswith(("/admin", "/dashboard")):
-            if secrets.admin_digest is not None:
-                token = admin_credential(request)
-                if token is None or not hmac.compare_digest(_digest(token), secrets.admin_digest.encode()):
-                    raise Unauthorized(
-                        "A valid admin token is required (Authorization: Bearer, or Basic with the token "
-                        "as the password).",
-                        code="invalid_admin_token",
-                        challenge='Basic realm="gateway admin"' if path.startswith("/dashboard") else None,
-                    )
+            self.check_admin(path, request.headers)
             return await handler(request)
-        key: ApiKey | None = None
-        if secrets.api_keys and path.startswith("/v1/"):
-            token = bearer(request)
-            key = find_key(secrets.api_keys, token) if token is not None else None
-            if key is None:
-                self._reject(request, "401")
-                raise Unauthorized(
-                    "Incorrect API key provided." if token else
-                    "You didn't provide an API key (Authorization: Bearer YOUR_KEY)."
-                )
+        key = self.admit(path, request.headers) if path.startswith("/v1/") else None
+        if key is not None:
             request["api_key"] = key.id
             request["api_key_models"] = key.models
-            limited = self._limiter.admit(key)
-            if limited is not None:
-                wait, kind = limited
-                self.key_requests.labels(key.id, "429").inc()
-                self._reject(request, "429")
-                raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
-                                  kind=kind, retry_after_s=wait)
         if request.method == "POST" and request.can_read_body:
             try:
                 async with asyncio.timeout(generation.settings.limits.body_timeout_s):
                     body = await request.read()
             except TimeoutError:
                 raise RequestTimeout("The request body was not received in time.") from None
-            if key is not None and key.models is not None and path in _GENERATION_PATHS:
-                model = _model_of(body)
-                if isinstance(model, str) and not model_allowed(key, model):
-                    raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+            self.check_model(key, path, body)
         token_ctx = CURRENT_KEY.set(key)
         try:
             return await handler(request)
         finally:
             CURRENT_KEY.reset(token_ctx)
 
-    def _reject(self, request: web.Request, status: str) -> None:
-        if request.path in _GENERATION_PATHS:  # every generation request is counted exactly once
+    def guarded(self, serve: Dispatch) -> Dispatch:
+        """`serve` behind the key check, rate limit and model permission (for the native front, which
+        has no middleware)."""
+
+        async def dispatch(
+            headers: dict[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str
+        ) -> None:
+            path = ENDPOINT_PATHS[endpoint]
+            key = self.admit(path, headers)
+            self.check_model(key, path, body)
+            CURRENT_KEY.set(key)  # the request runs in its own task: nothing to reset
+            await serve(headers, body, endpoint, reply, request_id)
+
+        return dispatch
+
+    def check_admin(self, path: str, headers: Mapping[str, str]) -> None:
+        admin_digest = self._generations.current.secrets.admin_digest
+        if admin_digest is None:
+            return
+        token = admin_credential(headers)
+        if token is None or not hmac.compare_digest(_digest(token), admin_digest.encode()):
+            raise Unauthorized(
+                "A valid admin token is required (Authorization: Bearer, or Basic with the token "
+                "as the password).",
+                code="invalid_admin_token",
+                challenge='Basic realm="gateway admin"' if path.startswith("/dashboard") else None,
+            )
+
+    def _reject(self, path: str, status: str) -> None:
+        if path in GENERATION_PATHS:  # every generation request is counted exactly once
             self._recorder.record(Outcome(NONE, NONE, NONE, status, 0.0))
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -15,6 +16,7 @@ from backends.base import Endpoint
 from . import jsonx
 from .errors import BodyTooLarge, GatewayError, InvalidRequest
 from .generation import Generations
+from .reply import AiohttpReply, Reply
 
 log = logging.getLogger("gateway.handlers")
 
@@ -75,12 +77,22 @@ class Handlers:
         self._registry = registry
         self._serve_metrics = serve_metrics
 
-    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    async def generate(
+        self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str
+    ) -> None:
+        """A generation request, from whichever server carries it (auth is done by then)."""
         generation = self._generations.enter()
         try:
-            return await generation.proxy.serve(request, endpoint)
+            await generation.proxy.serve(headers, body, endpoint, reply, request_id)
         finally:
             self._generations.leave(generation)
+
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        request_id = request["request_id"] = request.headers.get("x-request-id") or os.urandom(16).hex()
+        reply = AiohttpReply(request)
+        await self.generate(request.headers, await request.read(), endpoint, reply, request_id)
+        assert reply.response is not None
+        return reply.response
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, Endpoint.CHAT)

@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,7 +25,6 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 import aiohttp
-from aiohttp import web
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_none
 
 from backends.base import Endpoint, ErrorBody, TranslationError, UpstreamFormatError, Usage
@@ -51,6 +49,7 @@ from .metrics import NONE, Outcome, Recorder
 from .openai_head import ParsedRequest, parse_request
 from .pool import BackendState, Pool
 from .relay import DONE, SseRelay, StreamStats, error_event
+from .reply import Reply
 from .routing import POLICIES, BadRoutingHeader, Policy, RouteRequest, RoutingState, decide, describe
 from .routing.split import should_shadow
 from .settings import Route, Settings
@@ -153,11 +152,14 @@ class Proxy:
         route.split.set_weights(weights)
         return route.split.weights
 
-    async def serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        ex = Exchange(request.headers.get("x-request-id") or os.urandom(16).hex(), self._clock())
-        request["request_id"] = ex.request_id
+    async def serve(
+        self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str
+    ) -> None:
+        """Serve one generation request; the response goes to `reply`. GatewayErrors raised here were
+        recorded already and mean nothing was sent: the caller renders them."""
+        ex = Exchange(request_id, self._clock())
         try:
-            parsed = ex.parsed = parse_request(await request.read(), endpoint, created=int(self._wall_clock()))
+            parsed = ex.parsed = parse_request(body, endpoint, created=int(self._wall_clock()))
             route = self._routes.get(parsed.model)
             if route is None:
                 raise ModelNotFound(
@@ -166,7 +168,7 @@ class Proxy:
                 )
             ex.model = parsed.model
             try:
-                ex.features = describe(parsed.request.body, endpoint, request.headers)
+                ex.features = describe(parsed.request.body, endpoint, headers)
             except BadRoutingHeader as exc:
                 raise InvalidRequest(str(exc), param=exc.header) from exc
             candidates = self._candidates(route, ex)
@@ -178,8 +180,9 @@ class Proxy:
             self._maybe_shadow(route, route.split, ex)
         try:
             if parsed.request.stream:
-                return await self._relay_stream(request, opened, ex)
-            return self._relay_body(opened, ex)
+                await self._relay_stream(reply, opened, ex)
+            else:
+                self._relay_body(reply, opened, ex)
         finally:
             opened.resp.close()
             opened.state.in_flight -= 1
@@ -350,23 +353,21 @@ class Proxy:
             headers["x-gateway-arm"] = ex.arm
         return headers
 
-    def _relay_body(self, opened: Opened, ex: Exchange) -> web.Response:
+    def _relay_body(self, reply: Reply, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
         try:
-            reply = state.adapter.translate_response(
+            translated = state.adapter.translate_response(
                 parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=ex.request_id
             )
         except UpstreamFormatError as exc:
             self._failed(state, str(exc))
             self._finish(ex, "502")
             raise BadGateway(f"The backend's response could not be read: {exc}") from exc
-        self._finish(ex, str(opened.resp.status), usage=reply.usage)
-        return web.Response(
-            status=opened.resp.status, body=reply.body, headers=self._headers(state, ex, "application/json")
-        )
+        self._finish(ex, str(opened.resp.status), usage=translated.usage)
+        reply.send(opened.resp.status, self._headers(state, ex, "application/json"), translated.body)
 
-    async def _relay_stream(self, request: web.Request, opened: Opened, ex: Exchange) -> web.StreamResponse:
+    async def _relay_stream(self, reply: Reply, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
         translator = state.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
@@ -375,8 +376,7 @@ class Proxy:
             client_model=parsed.model,
             include_usage=parsed.request.include_usage,
         )
-        response = web.StreamResponse(headers=self._headers(state, ex, SSE_CONTENT_TYPE))
-        await response.prepare(request)
+        await reply.start(200, self._headers(state, ex, SSE_CONTENT_TYPE))
         clock = self._clock
         status = "200"
 
@@ -384,7 +384,7 @@ class Proxy:
             out = relay.feed(translator.feed(data) if translator is not None else data, clock())
             if out:
                 try:
-                    await response.write(out)
+                    await reply.write(out)
                 except ConnectionError as exc:
                     raise ClientGone from exc
 
@@ -399,7 +399,7 @@ class Proxy:
                 if translator is not None:
                     tail = relay.feed(translator.close(), clock()) + relay.close()
                     if tail:
-                        await response.write(tail)
+                        await reply.write(tail)
                 if relay.stats.error is not None:
                     status = "stream_error"
                 elif not relay.stats.done:
@@ -410,8 +410,8 @@ class Proxy:
                 message = "The backend timed out" if isinstance(exc, BackendTimeout) else "The backend failed"
                 error = ErrorBody(message=f"{message} mid-stream ({exc.detail}).", type="server_error",
                                   code="upstream_stream_error")
-                await response.write(error_event(error) + DONE)
-            await response.write_eof()
+                await reply.write(error_event(error) + DONE)
+            await reply.end()
         except (ClientGone, ConnectionError):
             status = "client_closed"
         except asyncio.CancelledError:
@@ -419,7 +419,6 @@ class Proxy:
             raise
         finally:
             self._finish(ex, status, stream=relay.stats)
-        return response
 
     # -- accounting ------------------------------------------------------------------------------
 

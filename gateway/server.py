@@ -17,12 +17,14 @@ import signal
 import socket
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from aiohttp import web
 
-from .app import METRICS_APP, RELOADER, build_app
+from .app import DISPATCH, GENERATIONS, METRICS_APP, RELOADER, build_app
+from .front import Front
 from .lowlevel import GatewayRunner
 from .reload import Reloader, ReloadRejected
 from .settings import Settings
@@ -83,18 +85,17 @@ async def serve(
             url = await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
                                    signals=signals)
         else:
-            url, runners = await _start_worker(
+            url, worker = await _start_worker(
                 settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path
             )
         if demo is not None:
             print(demo.banner(url), flush=True)
         if workers > 1:
             return 0
-        signals.reloader = runners[0].app[RELOADER]
+        signals.reloader = worker.runners[0].app[RELOADER]
         await signals.stop.wait()
         log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
-        for runner in runners:  # stops listening, closes idle connections, waits for running handlers
-            await runner.cleanup()
+        await worker.stop(settings.limits.drain_timeout_s)
         return 0
     finally:
         if demo is not None:
@@ -109,9 +110,24 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+@dataclass
+class _Worker:
+    runners: list[web.AppRunner]
+    front: Front | None = None
+    listener: asyncio.Server | None = None
+
+    async def stop(self, drain_timeout_s: float) -> None:
+        """Stop listening, let running requests finish (up to the drain timeout), then clean up."""
+        if self.listener is not None and self.front is not None:
+            self.listener.close()
+            await self.front.shutdown(drain_timeout_s)
+        for runner in self.runners:  # stops listening, closes idle connections, waits for running handlers
+            await runner.cleanup()
+
+
 async def _start_worker(
     settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None
-) -> tuple[str, list[web.AppRunner]]:
+) -> tuple[str, _Worker]:
     app = await build_app(settings, config_path=config_path)
     limits = settings.limits
     runner = GatewayRunner(
@@ -121,22 +137,31 @@ async def _start_worker(
     )
     await runner.setup()
     _raise_open_file_limit()
-    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=settings.listen.backlog)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
+    worker = _Worker([runner])
+    if settings.listen.front == "native":
+        assert runner.server is not None
+        generations = app[GENERATIONS]
+        worker.front = Front(app[DISPATCH], runner.server, lambda: generations.current.settings.limits)
+        worker.listener = await asyncio.get_running_loop().create_server(
+            worker.front, host, port, reuse_port=reuse_port or None, backlog=settings.listen.backlog
+        )
+        bound = worker.listener.sockets[0].getsockname()[1]
+    else:
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=settings.listen.backlog)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
     url = f"http://{host}:{bound}"
-    runners: list[web.AppRunner] = [runner]
     metrics_url = None
     if METRICS_APP in app and settings.listen.metrics_port is not None:
         metrics_runner = web.AppRunner(app[METRICS_APP], access_log=None)
         await metrics_runner.setup()
         await web.TCPSite(metrics_runner, host, settings.listen.metrics_port, reuse_port=reuse_port or None).start()
         metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
-        runners.append(metrics_runner)
+        worker.runners.append(metrics_runner)
     print(f"gateway listening on {url}", flush=True)
     if metrics_url is not None:
         print(f"metrics on {metrics_url}", flush=True)
-    return url, runners
+    return url, worker
 
 
 async def _supervise(

@@ -37,6 +37,9 @@ class Listen(_Strict):
     # Accept queue length: a burst of new connections beyond it is dropped by the kernel (aiohttp's
     # default of 128 overflowed with 1,000 streams opening per second in bench/overhead.py).
     backlog: Annotated[int, Field(ge=1)] = 4096
+    # Who parses the generation requests: the native httptools front (default, a fraction of the
+    # CPU per request) or aiohttp's server, which serves every other path in both modes.
+    front: Literal["native", "aiohttp"] = "native"
 
 
 class Backend(_Strict):
