@@ -31,6 +31,7 @@ from .routing import RoutingState
 from .secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .settings import Settings
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
+from .upstream import UpstreamPool
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", Pool)
@@ -92,14 +93,16 @@ async def build_app(
     recorder.observers.append(guard.observe)
     registry.register(LiveCollector(stats, clock))
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    session = aiohttp.ClientSession(connector=connector)
+    session = aiohttp.ClientSession(connector=connector)  # health probes and load scrapes
+    upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
 
     def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
         if number > 1:
             stats.reconfigure(settings)  # new backends and arms join the live comparison
         pool = build_pool(settings, secrets)
+        upstream.connect_timeout_s = settings.timeouts.connect_s
         proxy = Proxy(
-            settings, pool, recorder, session, clock=clock, rng=rng, routing=routing, throughput=throughput
+            settings, pool, recorder, upstream, clock=clock, rng=rng, routing=routing, throughput=throughput
         )
         poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
         return Generation(number, settings, secrets, pool, proxy, poller)
@@ -138,6 +141,7 @@ async def build_app(
         for old in generations.retired:
             await old.stop()
         await session.close()
+        await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
     return app

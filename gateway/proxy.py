@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from statistics import fmean
 
-import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_none
 
 from backends.base import Endpoint, ErrorBody, TranslationError, UpstreamFormatError, Usage
@@ -54,6 +53,13 @@ from .routing import POLICIES, BadRoutingHeader, Policy, RouteRequest, RoutingSt
 from .routing.split import should_shadow
 from .settings import Route, Settings
 from .splits import LiveSplit
+from .upstream import (
+    UpstreamClientError,
+    UpstreamConnectError,
+    UpstreamPool,
+    UpstreamProtocolError,
+    UpstreamResponse,
+)
 
 log = logging.getLogger("gateway.proxy")
 
@@ -75,7 +81,7 @@ class Opened:
     """A backend response whose head (and, for streams, first bytes) arrived in time."""
 
     state: BackendState
-    resp: aiohttp.ClientResponse
+    resp: UpstreamResponse
     first: bytes  # streams: the first bytes read; non-streams: the whole body
 
 
@@ -85,18 +91,15 @@ class ClientGone(Exception):
 
 @contextlib.contextmanager
 def map_client_errors(backend: str) -> Iterator[None]:
-    """Re-raise aiohttp failures as BackendError subclasses (timeouts first: aiohttp's timeout error
-    is also a connection error)."""
+    """Re-raise upstream client failures as BackendError subclasses."""
     try:
         yield
     except TimeoutError as exc:
         raise BackendTimeout(backend, "no response in time") from exc
-    except aiohttp.ClientPayloadError as exc:
+    except UpstreamProtocolError as exc:
         raise BackendProtocolError(backend, str(exc)) from exc
-    except aiohttp.ClientResponseError as exc:
-        raise BackendProtocolError(backend, str(exc)) from exc
-    except aiohttp.ClientConnectionError as exc:
-        raise BackendConnectError(backend, type(exc).__name__) from exc
+    except UpstreamConnectError as exc:
+        raise BackendConnectError(backend, str(exc)) from exc
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -109,7 +112,7 @@ class Proxy:
         settings: Settings,
         pool: Pool,
         recorder: Recorder,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamPool,
         *,
         clock: Callable[[], float],
         rng: random.Random,
@@ -121,7 +124,7 @@ class Proxy:
         the routing memory, passed in so that it survives config reloads."""
         self._pool = pool
         self._recorder = recorder
-        self._session = session
+        self._upstream = upstream
         self._clock = clock
         self._wall_clock = wall_clock
         self._rng = rng
@@ -131,7 +134,6 @@ class Proxy:
             for r in settings.routes
         }
         self._timeouts = settings.timeouts
-        self._connect_timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeouts.connect_s)
         self._max_attempts = settings.retries.max_attempts
         self.routing = routing if routing is not None else RoutingState()
         self._shadows: set[asyncio.Task[None]] = set()
@@ -299,19 +301,16 @@ class Proxy:
         stream = parsed.request.stream
         timeouts = self._timeouts
         state.in_flight += 1
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamResponse | None = None
         try:
             with map_client_errors(state.name):
                 async with asyncio.timeout(timeouts.first_token_s if stream else timeouts.total_s):
-                    resp = await self._session.post(
-                        state.config.base_url + upstream.path,
-                        data=upstream.body,
-                        headers=upstream.headers,
-                        timeout=self._connect_timeout,
+                    resp = await self._upstream.request(
+                        state.config.base_url, "POST", upstream.path, upstream.headers, upstream.body
                     )
                     if resp.status >= 400:
                         self._upstream_error(state, resp.status, await resp.read())
-                    first = await resp.content.readany() if stream else await resp.read()
+                    first = await resp.readany() if stream else await resp.read()
         except BaseException as exc:
             if resp is not None:
                 resp.close()
@@ -394,7 +393,7 @@ class Proxy:
                 remaining = self._timeouts.total_s - (clock() - ex.started)
                 with map_client_errors(state.name):
                     async with asyncio.timeout(max(remaining, 0.001)):
-                        async for data in opened.resp.content.iter_any():
+                        async for data in opened.resp:
                             await send(data)
                 if translator is not None:
                     tail = relay.feed(translator.close(), clock()) + relay.close()
@@ -513,7 +512,7 @@ class Proxy:
                     ex.ticket, cached_tokens=usage.cached_tokens if usage else None,
                     prompt_tokens=usage.prompt_tokens if usage else None, itl_s=None,
                 )
-        except (GatewayError, BackendError, UpstreamFormatError, aiohttp.ClientError, TimeoutError) as exc:
+        except (GatewayError, BackendError, UpstreamFormatError, UpstreamClientError, TimeoutError) as exc:
             log.debug("shadow request %s failed: %s", ex.request_id, exc)
             self._recorder.shadow(origin.model, ex.arm or NONE, status, None)
             if ex.ticket is not None:
