@@ -98,18 +98,21 @@ class NativeReply:
         self._conn.write(self._head(status, headers, f"Content-Length: {len(body)}\r\n") + body)
         self._conn.response_done(self._keep_alive)
 
-    async def start(self, status: int, headers: Mapping[str, str]) -> None:
+    async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None:
+        """The head of a streamed response, sent together with its first bytes (one packet)."""
         self.started = True
         if not self._chunked:  # HTTP/1.0: the end of the stream is the end of the connection
             self._keep_alive = False
-        self._conn.write(self._head(status, headers, "Transfer-Encoding: chunked\r\n" if self._chunked else ""))
+        head = self._head(status, headers, "Transfer-Encoding: chunked\r\n" if self._chunked else "")
+        self._conn.write(head + self._frame(first) if first else head)
         await self._conn.drain()
+
+    def _frame(self, data: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
 
     async def write(self, data: bytes) -> None:
         """Raises ConnectionResetError once the client has gone."""
-        if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
-        self._conn.write(data)
+        self._conn.write(self._frame(data))
         await self._conn.drain()
 
     async def end(self) -> None:

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from backends.base import Usage
 
 from .pool import Pool
-from .promfast import FastHistogram, HistogramChild
+from .promfast import CounterChild, FastCounter, FastHistogram, HistogramChild
 
 NONE = "none"
 
@@ -54,9 +54,9 @@ class Outcome:
 class _Series:
     """Every labelled child one (backend, runtime, model) needs, looked up once and kept."""
 
-    prompt: Any
-    completion: Any
-    cached: Any
+    prompt: CounterChild
+    completion: CounterChild
+    cached: CounterChild
     ttft: HistogramChild
     itl: HistogramChild
     duration: HistogramChild
@@ -64,7 +64,7 @@ class _Series:
     genai_tpot: HistogramChild
     genai_input: HistogramChild
     genai_output: HistogramChild
-    statuses: dict[str, Any]
+    statuses: dict[str, CounterChild]
     genai_durations: dict[str, HistogramChild]
 
 
@@ -86,13 +86,18 @@ class Recorder:
         self._clock = clock
         self.observers = list(observers)
         base = ("backend", "runtime", "model")
-        self.requests = Counter("gateway_requests", "Requests by outcome.", (*base, "status"), registry=registry)
-        self.tokens = Counter("gateway_tokens", "Tokens by kind.", (*base, "kind"), registry=registry)
-
         def histogram(name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> FastHistogram:
             h = FastHistogram(name, doc, labels, buckets)
             registry.register(h)
             return h
+
+        def counter(name: str, doc: str, labels: Sequence[str]) -> FastCounter:
+            c = FastCounter(name, doc, labels)
+            registry.register(c)
+            return c
+
+        self.requests = counter("gateway_requests", "Requests by outcome.", (*base, "status"))
+        self.tokens = counter("gateway_tokens", "Tokens by kind.", (*base, "kind"))
 
         self.ttft = histogram(
             "gateway_time_to_first_token_seconds",
@@ -106,35 +111,25 @@ class Recorder:
             "gateway_request_duration_seconds", "Time from request arrival to the last byte sent.", base,
             DURATION_BUCKETS,
         )
-        self.retries = Counter(
-            "gateway_retries", "Attempts retried on another backend.", ("backend", "runtime", "reason"),
-            registry=registry,
-        )
-        self.ejections = Counter(
-            "gateway_backend_ejections", "Circuit-breaker ejections.", ("backend", "runtime"), registry=registry
-        )
-        self.decisions = Counter(
+        self.retries = counter(
+            "gateway_retries", "Attempts retried on another backend.", ("backend", "runtime", "reason"))
+        self.ejections = counter(
+            "gateway_backend_ejections", "Circuit-breaker ejections.", ("backend", "runtime"))
+        self.decisions = counter(
             "gateway_routing_decisions", "Routing decisions by route, policy and reason.",
-            ("model", "policy", "reason"), registry=registry,
-        )
-        self.sla = Counter(
+            ("model", "policy", "reason"))
+        self.sla = counter(
             "gateway_sla_requests", "Requests that carried an SLA target, by outcome (met|missed).",
-            ("backend", "runtime", "outcome"), registry=registry,
-        )
-        self.arm_requests = Counter(
-            "gateway_arm_requests", "Requests assigned to each A/B arm.", ("model", "arm"), registry=registry
-        )
-        self.arm_failovers = Counter(
+            ("backend", "runtime", "outcome"))
+        self.arm_requests = counter(
+            "gateway_arm_requests", "Requests assigned to each A/B arm.", ("model", "arm"))
+        self.arm_failovers = counter(
             "gateway_arm_failovers", "Requests moved off their arm because it had no healthy backend.",
-            ("model", "arm"), registry=registry,
-        )
-        self.shadow_requests = Counter(
-            "gateway_shadow_requests", "Mirrored (shadow) requests by arm and status.", ("model", "arm", "status"),
-            registry=registry,
-        )
-        self.shadow_tokens = Counter(
-            "gateway_shadow_tokens", "Tokens of mirrored requests.", ("model", "arm", "kind"), registry=registry
-        )
+            ("model", "arm"))
+        self.shadow_requests = counter(
+            "gateway_shadow_requests", "Mirrored (shadow) requests by arm and status.", ("model", "arm", "status"))
+        self.shadow_tokens = counter(
+            "gateway_shadow_tokens", "Tokens of mirrored requests.", ("model", "arm", "kind"))
         # The same measurements under the OpenTelemetry GenAI names (dots -> underscores), so stock
         # GenAI dashboards work: gen_ai_system = the runtime, gen_ai_request_model = the route's model.
         genai = ("gen_ai_system", "gen_ai_request_model", "backend")

@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from backends.base import Endpoint, ErrorBody, TranslationError, UpstreamFormatError, Usage
 
+from .deadline import Deadline
 from .errors import (
     BackendConnectError,
     BackendError,
@@ -303,14 +304,13 @@ class Proxy:
         state.in_flight += 1
         resp: UpstreamResponse | None = None
         try:
-            with map_client_errors(state.name):
-                async with asyncio.timeout(timeouts.first_token_s if stream else timeouts.total_s):
-                    resp = await self._upstream.request(
-                        state.config.base_url, "POST", upstream.path, upstream.headers, upstream.body
-                    )
-                    if resp.status >= 400:
-                        self._upstream_error(state, resp.status, await resp.read())
-                    first = await resp.readany() if stream else await resp.read()
+            with map_client_errors(state.name), Deadline(timeouts.first_token_s if stream else timeouts.total_s):
+                resp = await self._upstream.request(
+                    state.config.base_url, "POST", upstream.path, upstream.headers, upstream.body
+                )
+                if resp.status >= 400:
+                    self._upstream_error(state, resp.status, await resp.read())
+                first = await resp.readany() if stream else await resp.read()
         except BaseException as exc:
             if resp is not None:
                 resp.close()
@@ -375,12 +375,14 @@ class Proxy:
             client_model=parsed.model,
             include_usage=parsed.request.include_usage,
         )
-        await reply.start(200, self._headers(state, ex, SSE_CONTENT_TYPE))
         clock = self._clock
         status = "200"
 
+        def translate(data: bytes) -> bytes:
+            return relay.feed(translator.feed(data) if translator is not None else data, clock())
+
         async def send(data: bytes) -> None:
-            out = relay.feed(translator.feed(data) if translator is not None else data, clock())
+            out = translate(data)
             if out:
                 try:
                     await reply.write(out)
@@ -389,12 +391,12 @@ class Proxy:
 
         try:
             try:
-                await send(opened.first)
+                # the response head and the first events leave together: one write, one packet
+                await reply.start(200, self._headers(state, ex, SSE_CONTENT_TYPE), translate(opened.first))
                 remaining = self._timeouts.total_s - (clock() - ex.started)
-                with map_client_errors(state.name):
-                    async with asyncio.timeout(max(remaining, 0.001)):
-                        async for data in opened.resp:
-                            await send(data)
+                with map_client_errors(state.name), Deadline(max(remaining, 0.001)):
+                    async for data in opened.resp:
+                        await send(data)
                 if translator is not None:
                     tail = relay.feed(translator.close(), clock()) + relay.close()
                     if tail:

@@ -2,8 +2,8 @@
 
 The proxy does not know which HTTP server carries the response: the native front (`front.Reply`) on
 the hot path, or aiohttp (`AiohttpReply`) for a generation request on a connection aiohttp already
-owns. A response is either sent whole (`send`) or streamed (`start`, `write`..., `end`); `write`
-raises `ConnectionError` once the client has gone.
+owns. A response is either sent whole (`send`) or streamed (`start` with the first bytes, `write`...,
+`end`); `start` and `write` raise `ConnectionError` once the client has gone.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from aiohttp import web
 class Reply(Protocol):
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None: ...
 
-    async def start(self, status: int, headers: Mapping[str, str]) -> None: ...
+    async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None: ...
 
     async def write(self, data: bytes) -> None: ...
 
@@ -32,9 +32,11 @@ class AiohttpReply:
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.response = web.Response(status=status, body=body, headers=headers)
 
-    async def start(self, status: int, headers: Mapping[str, str]) -> None:
+    async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None:
         self.response = web.StreamResponse(status=status, headers=headers)
         await self.response.prepare(self._request)
+        if first:
+            await self.response.write(first)
 
     async def write(self, data: bytes) -> None:
         assert self.response is not None

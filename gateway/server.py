@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -102,6 +103,19 @@ async def serve(
             await demo.stop()
 
 
+def _tune_gc() -> None:
+    """Collect young objects less often, and never rescan what start-up built.
+
+    With 700 (CPython's default) a young collection ran every two or three requests and walked
+    every object of every in-flight request (thousands under load): ~10 % of the CPU per request.
+    Request objects die by reference counting; the collector is only for the rare cycle, so running
+    it every 20,000 allocations loses nothing. `gc.freeze()` moves start-up's objects (modules,
+    config, the app) out of the collector's sight for good."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 10)
+
+
 def _raise_open_file_limit() -> None:
     """Every open stream holds two sockets (client and backend): lift the soft limit to the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -158,6 +172,7 @@ async def _start_worker(
         await web.TCPSite(metrics_runner, host, settings.listen.metrics_port, reuse_port=reuse_port or None).start()
         metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
         worker.runners.append(metrics_runner)
+    _tune_gc()
     print(f"gateway listening on {url}", flush=True)
     if metrics_url is not None:
         print(f"metrics on {metrics_url}", flush=True)
