@@ -15,20 +15,22 @@ from types import TracebackType
 
 
 class Deadline:
-    __slots__ = ("_delay_s", "_handle", "_task", "expired")
+    __slots__ = ("_delay_s", "_handle", "_loop", "_task", "expired")
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, loop: asyncio.AbstractEventLoop) -> None:
+        """`loop` is the running loop (passed in: finding it costs a getpid() syscall on 3.11)."""
         self._delay_s = delay_s
+        self._loop = loop
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[object] | None = None
         self.expired = False
 
     def __enter__(self) -> Deadline:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task is None:
-            raise RuntimeError("Deadline must be used inside a task")
+            raise RuntimeError("Deadline must be used inside a task of its loop")
         self._task = task
-        self._handle = task.get_loop().call_later(self._delay_s, self._expire)
+        self._handle = self._loop.call_later(self._delay_s, self._expire)
         return self
 
     def _expire(self) -> None:

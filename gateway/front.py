@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from backends.base import Endpoint
 
 from .auth import Dispatch
 from .errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from .exchange import new_request_id
 from .settings import Limits
 
 log = logging.getLogger("gateway.front")
@@ -162,12 +162,15 @@ class Front:
         self.limits = limits  # live: follows config reloads
         self.keepalive_s = keepalive_s
         self.connections: set[FrontProtocol] = set()
+        # create it in the loop that serves it; Python 3.11's get_running_loop() costs a getpid()
+        # syscall, so the per-request code uses this instead
+        self.loop = asyncio.get_running_loop()
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
 
     def __call__(self) -> FrontProtocol:
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            self._sweeper = self.loop.create_task(self._sweep())
         return FrontProtocol(self)
 
     async def _sweep(self) -> None:
@@ -207,6 +210,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def __init__(self, front: Front) -> None:
         self._front = front
+        self._loop = front.loop
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._limits = front.limits()
@@ -226,7 +230,7 @@ class FrontProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self._front.connections.add(self)
-        self.idle_since = asyncio.get_running_loop().time()
+        self.idle_since = self._loop.time()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._closed = True
@@ -240,7 +244,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._drain is None or self._drain.done():
-            self._drain = asyncio.get_running_loop().create_future()
+            self._drain = self._loop.create_future()
 
     def resume_writing(self) -> None:
         if self._drain is not None and not self._drain.done():
@@ -370,13 +374,13 @@ class FrontProtocol(asyncio.Protocol):
         if self.task is not None or not self._queue or self._closed:
             return
         msg = self._queue.popleft()
-        self.task = asyncio.get_running_loop().create_task(self._run(msg))
+        self.task = self._loop.create_task(self._run(msg))
 
     async def _run(self, msg: _Message) -> None:
         reply = NativeReply(self, keep_alive=msg.keep_alive and not self._front.closing, http11=msg.http11)
         request_id = msg.headers.get("x-request-id")
         if not request_id or len(request_id) > 128 or not request_id.isprintable():
-            request_id = os.urandom(16).hex()
+            request_id = new_request_id()
         assert msg.endpoint is not None
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
@@ -415,7 +419,7 @@ class FrontProtocol(asyncio.Protocol):
         elif self._buf and self._msg is None:
             self._begin(self._buf)
         elif self._msg is None:
-            self.idle_since = asyncio.get_running_loop().time()
+            self.idle_since = self._loop.time()
 
     # -- writing and closing ------------------------------------------------------------------
 
@@ -444,7 +448,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def _arm(self, after_s: float, message: str) -> None:
         self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(after_s, self._timed_out, message)
+        self._timer = self._loop.call_later(after_s, self._timed_out, message)
 
     def _disarm(self) -> None:
         if self._timer is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -15,6 +14,7 @@ from backends.base import Endpoint
 
 from . import jsonx
 from .errors import BodyTooLarge, GatewayError, InvalidRequest
+from .exchange import new_request_id
 from .generation import Generations
 from .reply import AiohttpReply, Reply
 
@@ -88,7 +88,7 @@ class Handlers:
             self._generations.leave(generation)
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        request_id = request["request_id"] = request.headers.get("x-request-id") or os.urandom(16).hex()
+        request_id = request["request_id"] = request.headers.get("x-request-id") or new_request_id()
         reply = AiohttpReply(request)
         await self.generate(request.headers, await request.read(), endpoint, reply, request_id)
         assert reply.response is not None

@@ -138,6 +138,7 @@ class Proxy:
         self._max_attempts = settings.retries.max_attempts
         self.routing = routing if routing is not None else RoutingState()
         self._shadows: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()  # built inside the loop it serves
 
     @property
     def route_models(self) -> list[str]:
@@ -304,7 +305,8 @@ class Proxy:
         state.in_flight += 1
         resp: UpstreamResponse | None = None
         try:
-            with map_client_errors(state.name), Deadline(timeouts.first_token_s if stream else timeouts.total_s):
+            deadline = Deadline(timeouts.first_token_s if stream else timeouts.total_s, self._loop)
+            with map_client_errors(state.name), deadline:
                 resp = await self._upstream.request(
                     state.config.base_url, "POST", upstream.path, upstream.headers, upstream.body
                 )
@@ -394,7 +396,7 @@ class Proxy:
                 # the response head and the first events leave together: one write, one packet
                 await reply.start(200, self._headers(state, ex, SSE_CONTENT_TYPE), translate(opened.first))
                 remaining = self._timeouts.total_s - (clock() - ex.started)
-                with map_client_errors(state.name), Deadline(max(remaining, 0.001)):
+                with map_client_errors(state.name), Deadline(max(remaining, 0.001), self._loop):
                     async for data in opened.resp:
                         await send(data)
                 if translator is not None:

@@ -11,7 +11,7 @@ from gateway.deadline import Deadline
 
 async def test_expiry_turns_the_cancellation_into_timeout_error() -> None:
     never = asyncio.Event()
-    with pytest.raises(TimeoutError), Deadline(0.01):
+    with pytest.raises(TimeoutError), Deadline(0.01, asyncio.get_running_loop()):
         await never.wait()
     task = asyncio.current_task()
     assert task is not None
@@ -20,7 +20,7 @@ async def test_expiry_turns_the_cancellation_into_timeout_error() -> None:
 
 
 async def test_a_block_that_finishes_in_time_is_untouched() -> None:
-    with Deadline(5.0) as deadline:
+    with Deadline(5.0, asyncio.get_running_loop()) as deadline:
         await asyncio.sleep(0)
     assert not deadline.expired
 
@@ -29,7 +29,7 @@ async def test_an_outside_cancellation_stays_a_cancellation() -> None:
     started = asyncio.Event()
 
     async def body() -> None:
-        with Deadline(5.0):
+        with Deadline(5.0, asyncio.get_running_loop()):
             started.set()
             await asyncio.Event().wait()
 
@@ -40,10 +40,16 @@ async def test_an_outside_cancellation_stays_a_cancellation() -> None:
         await task
 
 
-async def test_outside_code_cannot_use_it() -> None:
-    def outside() -> None:
-        with Deadline(1.0):
-            pass
+async def test_outside_a_task_it_refuses() -> None:
+    loop = asyncio.get_running_loop()
+    refused: asyncio.Future[RuntimeError] = loop.create_future()
 
-    with pytest.raises(RuntimeError):
-        await asyncio.get_running_loop().run_in_executor(None, outside)
+    def outside() -> None:  # a plain callback: no task is running
+        try:
+            with Deadline(1.0, loop):
+                pass
+        except RuntimeError as exc:
+            refused.set_result(exc)
+
+    loop.call_soon(outside)
+    assert "inside a task" in str(await refused)
