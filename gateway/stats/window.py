@@ -125,11 +125,17 @@ class Series:
         self.coarse = Ring(COARSE_S, COARSE_BUCKETS, COARSE_CAPS)
         self.peak_output_tps = 0.0
         self._peak_checked = self.start_s + PEAK_SPAN_S - 2  # last second whose 10-s span was scored
+        self._second: int | None = None  # the second of the last add, and its two buckets
+        self._buckets: tuple[Bucket, Bucket] | None = None
 
     def add(self, s: Sample) -> None:
-        self.advance(s.at)
         second = math.floor(s.at)
-        for b in (self.fine.at(second), self.coarse.at(second // COARSE_S)):
+        buckets = self._buckets
+        if second != self._second or buckets is None:  # once a second: score spans, find the buckets
+            self.advance(s.at)
+            buckets = self._buckets = (self.fine.at(second), self.coarse.at(second // COARSE_S))
+            self._second = second
+        for b in buckets:
             b.requests += 1
             b.errors += s.error
             b.prompt_tokens += s.prompt_tokens
