@@ -103,6 +103,12 @@ def map_client_errors(backend: str) -> Iterator[None]:
         raise BackendConnectError(backend, str(exc)) from exc
 
 
+def _first_event(data: bytes) -> tuple[bytes, bytes]:
+    """`data` split after its first complete SSE event (the whole of it when there is one or none)."""
+    end = data.find(b"\n\n") + 2
+    return (data[:end], data[end:]) if 1 < end < len(data) else (data, b"")
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, BackendError) and exc.retryable
 
@@ -393,8 +399,13 @@ class Proxy:
 
         try:
             try:
-                # the response head and the first events leave together: one write, one packet
-                await reply.start(200, self._headers(state, ex, SSE_CONTENT_TYPE), translate(opened.first))
+                # The response head leaves with the first event, in one write. When the first read
+                # holds more events (an engine that flushed several at once), the first goes out
+                # before the rest are processed: the client's time to first token does not wait.
+                first, rest = _first_event(opened.first)
+                await reply.start(200, self._headers(state, ex, SSE_CONTENT_TYPE), translate(first))
+                if rest:
+                    await send(rest)
                 remaining = self._timeouts.total_s - (clock() - ex.started)
                 with map_client_errors(state.name), Deadline(max(remaining, 0.001), self._loop):
                     async for data in opened.resp:

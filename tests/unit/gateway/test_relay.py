@@ -86,3 +86,12 @@ def test_comments_pass_through_and_do_not_count() -> None:
     relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
     assert relay.feed(b": keep-alive\n\n", 0.0) == b": keep-alive\n\n"
     assert relay.stats.events == 0
+
+
+def test_first_event_is_split_off_a_burst_of_events() -> None:
+    from gateway.proxy import _first_event
+
+    assert _first_event(b"data: 1\n\ndata: 2\n\n") == (b"data: 1\n\n", b"data: 2\n\n")
+    assert _first_event(b"data: 1\n\n") == (b"data: 1\n\n", b"")
+    assert _first_event(b"data: 1") == (b"data: 1", b"")  # no complete event yet: nothing to split
+    assert _first_event(b"") == (b"", b"")
