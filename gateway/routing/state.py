@@ -8,7 +8,7 @@ It never reads a clock: durations come in as arguments.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .base import BackendView, RequestFeatures, Snapshot
@@ -31,6 +31,38 @@ class Ticket:
         return self.sent.backend
 
 
+class _Models(Mapping[str, LatencyModel]):
+    """The estimators' frozen models, rebuilt on read and only for backends that learned something
+    since the last read: a request changes its backend's estimator three times (dispatch, first
+    token, completion) but a decision reads each model at most once, and most never do."""
+
+    def __init__(self, estimators: Mapping[str, LatencyEstimator]) -> None:
+        self._estimators = estimators
+        self._models: dict[str, LatencyModel] = {}
+        self.stale: set[str] = set()
+
+    def __getitem__(self, backend: str) -> LatencyModel:
+        model = self._models.get(backend)
+        if model is None or backend in self.stale:
+            estimator = self._estimators[backend]  # KeyError for a backend nothing was learned of
+            self.stale.discard(backend)
+            model = self._models[backend] = estimator.model
+        return model
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._estimators)
+
+    def __len__(self) -> int:
+        return len(self._estimators)
+
+    def __contains__(self, backend: object) -> bool:
+        return backend in self._estimators
+
+    def drop(self, backend: str) -> None:
+        self._models.pop(backend, None)
+        self.stale.discard(backend)
+
+
 class RoutingState:
     """Prefix index and latency estimators, with the request-lifecycle hooks the proxy calls."""
 
@@ -38,16 +70,14 @@ class RoutingState:
         self.index = PrefixIndex(capacity=capacity)
         self.alpha = alpha
         self._estimators: dict[str, LatencyEstimator] = {}
-        # Frozen models republished after every change (a few per request), so a decision reads a
-        # plain dict instead of asking 16 estimators.
-        self._models: dict[str, LatencyModel] = {}
+        self._models = _Models(self._estimators)
 
     @property
     def latency(self) -> Mapping[str, LatencyModel]:
         return self._models
 
     def _publish(self, backend: str) -> None:
-        self._models[backend] = self._estimators[backend].model
+        self._models.stale.add(backend)
 
     def estimator(self, backend: str) -> LatencyEstimator:
         """The backend's estimator (read it freely; feed it through this class so the snapshot's
@@ -128,4 +158,4 @@ class RoutingState:
         self.index.retain(keep)
         for name in [n for n in self._estimators if n not in keep]:
             del self._estimators[name]
-            self._models.pop(name, None)
+            self._models.drop(name)
