@@ -227,15 +227,20 @@ def _run(plan: Plan, args: argparse.Namespace, res: Results, out: Path, tmp: Pat
     started.append(naive)
     naive_sse = PyServer("naive-sse", "bench.naive_proxy", ["--upstream", nginx.sse_url], tmp)
     started.append(naive_sse)
+    lean = PyServer("lean", "bench.lean_proxy", ["--upstream", nginx.json_url], tmp)
+    started.append(lean)
+    lean_sse = PyServer("lean-sse", "bench.lean_proxy", ["--upstream", nginx.sse_url], tmp)
+    started.append(lean_sse)
 
     def cpu_of(pid: int) -> Callable[[], float]:
         return lambda: procs.cpu_seconds(pid)
 
     targets = [Target("direct", nginx.json_url, nginx.cpu_seconds), Target("gateway", gw.url, cpu_of(gw.pid)),
-               Target("naive", naive.url, cpu_of(naive.pid))]
+               Target("naive", naive.url, cpu_of(naive.pid)), Target("lean", lean.url, cpu_of(lean.pid))]
     stream_targets = [Target("direct", nginx.sse_url, nginx.cpu_seconds),
                       Target("gateway", gw_sse.url, cpu_of(gw_sse.pid)),
-                      Target("naive", naive_sse.url, cpu_of(naive_sse.pid))]
+                      Target("naive", naive_sse.url, cpu_of(naive_sse.pid)),
+                      Target("lean", lean_sse.url, cpu_of(lean_sse.pid))]
     for t in targets:
         _check(t.url, CHAT_BODY, stream=False)
     for t in stream_targets:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("direct", "gateway", "naive")
+TARGETS = ("direct", "gateway", "naive", "lean")
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
 
 
@@ -66,6 +66,7 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         table[(target, c)]["errors"] = sum(r["errors"] for r in rows)
         table[(target, c)]["runs"] = len(rows)
     per_core = {c: _ratio(closed, "req_per_cpu_s", "gateway", "naive", c=c) for c in cs}
+    logic = {c: _diff(closed, "cpu_us_per_req", "gateway", "lean", c=c) for c in cs}
     direct_over_gw = {c: _ratio(closed, "rps", "direct", "gateway", c=c) for c in cs}
     added = {c: (_diff(closed, "p50_ms", "gateway", "direct", c=c),
                  _diff(closed, "p99_ms", "gateway", "direct", c=c),
@@ -78,8 +79,8 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
     names = res["ttft"].get("names", {})
     for url, stats in res["ttft"].get("targets", {}).items():
         ttft[names.get(url, url)] = stats
-    return {"cs": cs, "table": table, "per_core": per_core, "direct_over_gw": direct_over_gw, "added": added,
-            "stream": stream, "ttft": ttft}
+    return {"cs": cs, "table": table, "per_core": per_core, "logic": logic, "direct_over_gw": direct_over_gw,
+            "added": added, "stream": stream, "ttft": ttft}
 
 
 def _other(r: dict[str, Any]) -> str:
@@ -141,7 +142,9 @@ def markdown(res: dict[str, Any], s: dict[str, Any]) -> str:
         "figures are medians over runs, ratios are per-run ratios' medians |", "",
         "Targets: **direct** = nginx (1 worker) serving canned vLLM 0.32.0 bodies on loopback; **gateway** = "
         "`python -m gateway serve` (one process, one `vllm` backend pointing at nginx, `health.interval_s: 5`, "
-        "route model `moe`); **naive** = `bench/naive_proxy.py`, a bare aiohttp + uvloop reverse proxy. "
+        "route model `moe`); **naive** = `bench/naive_proxy.py`, a bare aiohttp + uvloop reverse proxy; "
+        "**lean** = `bench/lean_proxy.py`, the gateway's own HTTP layers (native front + upstream client) with "
+        "no parsing, routing or accounting, so gateway − lean is what the gateway's logic costs. "
         "CPU is utime+stime of the target process from `/proc/<pid>/stat` (nginx: master + worker) over the run.",
         "", "## Against the targets", "", *_targets_table(res, s), "",
         "## Non-streaming, closed loop (wrk, 1 thread)", "",
@@ -158,11 +161,12 @@ def markdown(res: dict[str, Any], s: dict[str, Any]) -> str:
                              f"{_f(r['req_per_cpu_s'], '.0f')} | {_f(100 * (r['cpu_util'] or 0), '.0f')}% | "
                              f"{_f(100 * (r['wrk_cpu_util'] or 0), '.0f')}% | {_other(r)} |")
     lines += ["", "| c | gateway/naive throughput per core | direct/gateway req/s | added p50 ms (gateway − direct) | "
-              "added p99 ms | naive − direct p50 ms |", "|---:|---:|---:|---:|---:|---:|"]
+              "added p99 ms | naive − direct p50 ms | gateway logic µs/req (gateway − lean) |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cs:
         a50, a99, n50 = s["added"][c]
         lines.append(f"| {c} | {_f(s['per_core'][c], '.2f')}× | {_f(s['direct_over_gw'][c], '.1f')}× | "
-                     f"{_f(a50, '.3f')} | {_f(a99, '.3f')} | {_f(n50, '.3f')} |")
+                     f"{_f(a50, '.3f')} | {_f(a99, '.3f')} | {_f(n50, '.3f')} | {_f(s['logic'].get(c))} |")
     lines += ["", "Is wrk the bottleneck? Compare wrk's own CPU with the target's (above) and the direct/gateway "
               "throughput ratio: direct-to-nginx throughput is the ceiling of the load generator plus upstream "
               "on this machine. CPU columns are in % of one core: the target process (nginx for direct), wrk itself, "
@@ -255,7 +259,7 @@ def plots(s: dict[str, Any], out: Path) -> None:
     for key, fname, ylabel, log in (("rps", "throughput-vs-concurrency.png", "requests/s (median, log scale)", True),
                                     ("p99_ms", "p99-vs-concurrency.png", "p99 latency, ms (median)", True)):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for name, style in zip(TARGETS, ("o-", "s-", "^-"), strict=True):
+        for name, style in zip(TARGETS, ("o-", "s-", "^-", "d-"), strict=True):
             xs = [c for c in cs if (name, c) in t]
             ax.plot(xs, [t[(name, c)][key] for c in xs], style, label=name)
         ax.set_xscale("log", base=2)

@@ -1,0 +1,65 @@
+"""The gateway's own HTTP layers with nothing else: how much of its CPU is transport, how much logic.
+
+`python -m bench.lean_proxy --upstream http://127.0.0.1:8001 [--port 0]`: the native front
+(`gateway/front.py`) and the pooled upstream client (`gateway/upstream.py`) with no parsing, routing,
+accounting or metrics: each generation request is forwarded as is and its answer relayed chunk by
+chunk. The gateway's CPU per request minus this one is what its logic costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+
+import uvloop
+from aiohttp import web
+
+from backends.base import Endpoint
+from gateway.front import Front
+from gateway.reply import Reply
+from gateway.settings import Limits
+from gateway.upstream import UpstreamPool
+
+PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+
+
+async def serve(upstream: str, port: int) -> None:
+    pool = UpstreamPool()
+
+    async def dispatch(headers: dict[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str) -> None:
+        resp = await pool.request(upstream, "POST", PATHS[endpoint], {"Content-Type": "application/json"}, body)
+        try:
+            kind = {"Content-Type": resp.headers.get("content-type", "application/json")}
+            if resp.headers.get("content-type", "").startswith("text/event-stream"):
+                await reply.start(resp.status, kind, await resp.readany())
+                async for chunk in resp:
+                    await reply.write(chunk)
+                await reply.end()
+            else:
+                reply.send(resp.status, kind, await resp.read())
+        finally:
+            resp.close()
+
+    runner = web.AppRunner(web.Application())  # nothing but generation requests arrive here
+    await runner.setup()
+    assert runner.server is not None
+    front = Front(dispatch, runner.server, Limits)
+    server = await asyncio.get_running_loop().create_server(front, "127.0.0.1", port, backlog=4096)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 10)  # as the gateway does
+    print(f"listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    uvloop.run(serve(args.upstream.rstrip("/"), args.port))
+
+
+if __name__ == "__main__":
+    main()
