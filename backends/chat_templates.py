@@ -28,8 +28,8 @@ def message_text(message: Mapping[str, Any], index: int) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise TranslationError(f"messages[{index}].content: only text parts are supported, got {kind!r}")
             texts.append(part["text"])
         return "".join(texts)
@@ -41,7 +41,7 @@ def _turns(messages: object) -> list[tuple[str, str]]:
         raise TranslationError("messages must be a non-empty list")
     turns = []
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise TranslationError(f"messages[{i}] must be an object with a string role")
         role = message["role"]
         turns.append(("system" if role == "developer" else role, message_text(message, i)))

@@ -134,14 +134,14 @@ def parse_usage(obj: Mapping[str, Any]) -> Usage | None:
     (vLLM and SGLang only do with a server flag), so "0 cached" and "not reported" stay distinct.
     """
     usage = obj.get("usage")
-    if not isinstance(usage, Mapping):
+    if not isinstance(usage, dict):
         return None
     prompt = _int(usage.get("prompt_tokens"))
     completion = _int(usage.get("completion_tokens"))
     if prompt is None or completion is None:
         return None
     details = usage.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
     return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 
 

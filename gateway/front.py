@@ -84,11 +84,9 @@ class NativeReply:
         self.started = False
 
     def _head(self, status: int, headers: Mapping[str, str], framing: str) -> bytes:
-        parts = [status_line(status)]
-        parts.extend(f"{k}: {v}\r\n" for k, v in headers.items())
-        parts.append(framing)
-        parts.append("\r\n" if self._keep_alive else "Connection: close\r\n\r\n")
-        return "".join(parts).encode("latin-1")
+        lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+        end = "\r\n" if self._keep_alive else "Connection: close\r\n\r\n"
+        return f"{status_line(status)}{lines}{framing}{end}".encode("latin-1")
 
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         """The whole response at once; a client that has gone simply does not get it."""

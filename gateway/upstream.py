@@ -91,11 +91,13 @@ class _Origin:
 class UpstreamResponse:
     """One response: status and headers (names lower-cased) now, the body as it arrives."""
 
-    __slots__ = ("_chunks", "_conn", "_eof", "_exc", "_head", "_keep_alive", "_size", "_waiter", "headers", "status")
+    __slots__ = ("_chunks", "_conn", "_eof", "_exc", "_head", "_headers", "_keep_alive", "_raw_headers", "_size",
+                 "_waiter", "status")
 
     def __init__(self, conn: _Conn, head: asyncio.Future[None]) -> None:
         self.status = 0  # 0 until the final (non-1xx) head has arrived
-        self.headers: dict[str, str] = {}
+        self._raw_headers: list[tuple[bytes, bytes]] = []  # decoded only if someone asks (rarely)
+        self._headers: dict[str, str] | None = None
         self._conn: _Conn | None = conn  # None once the body is complete, failed or closed
         self._head = head
         self._chunks: list[bytes] = []
@@ -104,6 +106,18 @@ class UpstreamResponse:
         self._exc: UpstreamClientError | None = None  # raised once the buffered bytes are read
         self._waiter: asyncio.Future[None] | None = None
         self._keep_alive = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Header names lower-cased; repeated headers joined with ", "."""
+        if self._headers is None:
+            headers: dict[str, str] = {}
+            for name, value in self._raw_headers:
+                key = name.decode("latin-1").lower()
+                text = value.decode("latin-1")
+                headers[key] = f"{headers[key]}, {text}" if key in headers else text
+            self._headers = headers
+        return self._headers
 
     @property
     def done(self) -> bool:
@@ -261,17 +275,14 @@ class _Conn(asyncio.Protocol):
     # httptools callbacks; `resp` is None here only for bytes after a complete response
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.resp is not None
-        headers = self.resp.headers
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        self.resp._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         resp = self.resp
         assert resp is not None
         status = self.parser.get_status_code()
         if status < 200:  # interim response: llhttp goes on to parse the final one
-            resp.headers = {}
+            resp._raw_headers = []
             return
         resp.status = status
         resp._keep_alive = self.parser.should_keep_alive()
@@ -433,7 +444,7 @@ def _head(o: _Origin, method: str, path: str, headers: Sequence[tuple[str, str]]
     parts = [method, " ", o.prefix, path, " HTTP/1.1\r\nHost: ", o.host_header, "\r\n"]
     lines = 2
     authorization = o.authorization
-    for name, value in headers.items() if isinstance(headers, Mapping) else headers:
+    for name, value in headers.items() if type(headers) is dict or isinstance(headers, Mapping) else headers:
         lower = name.lower()
         if lower in _OURS:
             if lower == "host":
