@@ -76,6 +76,17 @@ class NoHealthyBackend(GatewayError):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
+class GatewayOverloaded(GatewayError):
+    """The gateway itself ran out of a resource (file descriptors): try again shortly."""
+
+    status = 503
+    type = "server_error"
+    code = "gateway_overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
 class UpstreamError(GatewayError):
     """A backend answered with an error; the client gets its status and a normalised body."""
 

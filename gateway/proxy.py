@@ -37,6 +37,7 @@ from .errors import (
     BackendTimeout,
     BadGateway,
     GatewayError,
+    GatewayOverloaded,
     GatewayTimeout,
     InvalidRequest,
     ModelNotFound,
@@ -57,6 +58,7 @@ from .splits import LiveSplit
 from .upstream import (
     UpstreamClientError,
     UpstreamConnectError,
+    UpstreamLocalExhaustion,
     UpstreamPool,
     UpstreamProtocolError,
     UpstreamResponse,
@@ -99,6 +101,9 @@ def map_client_errors(backend: str) -> Iterator[None]:
         raise BackendTimeout(backend, "no response in time") from exc
     except UpstreamProtocolError as exc:
         raise BackendProtocolError(backend, str(exc)) from exc
+    except UpstreamLocalExhaustion as exc:  # ours, not the backend's: no failure counted, no retry
+        log.error("cannot open an upstream connection: %s", exc)
+        raise GatewayOverloaded("The gateway is out of connections; try again shortly.") from exc
     except UpstreamConnectError as exc:
         raise BackendConnectError(backend, str(exc)) from exc
 

@@ -7,6 +7,7 @@ Why not aiohttp's ClientSession: it spends ~100 µs of CPU per proxied request; 
 Errors (one tree; map them once at the proxy's edge)::
 
     UpstreamClientError
+    ├── UpstreamLocalExhaustion  this process is out of descriptors or memory (not the upstream's fault)
     ├── UpstreamConnectError   refused, reset, DNS, TLS, connect timeout, pool closed, or the connection
     │                          closed before any byte of the response: the upstream provably answered nothing
     └── UpstreamProtocolError  malformed response, or the connection closed mid-head or mid-body (truncated)
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import errno
 import ssl
 from collections.abc import Mapping, Sequence
 from typing import cast
@@ -47,6 +49,7 @@ import httptools
 __all__ = ["UpstreamClientError", "UpstreamConnectError", "UpstreamPool", "UpstreamProtocolError", "UpstreamResponse"]
 
 HIGH_WATER_BYTES = 256 * 1024
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _OURS = frozenset({"host", "content-length", "transfer-encoding"})
 
@@ -61,6 +64,11 @@ class UpstreamConnectError(UpstreamClientError):
 
 class UpstreamProtocolError(UpstreamClientError):
     """The response was malformed or cut short."""
+
+
+class UpstreamLocalExhaustion(UpstreamClientError):
+    """This process could not open a socket (out of file descriptors or memory): the upstream is not
+    at fault, and another upstream would fail the same way."""
 
 
 class _Stale(UpstreamConnectError):
@@ -410,6 +418,8 @@ class UpstreamPool:
                 )
         except BaseException as exc:
             conn.close()  # cancelled just as the connection was made: do not leak it
+            if isinstance(exc, OSError) and exc.errno in _LOCAL_ERRNOS:
+                raise UpstreamLocalExhaustion(f"cannot open a socket to {o.key}: {exc!r}") from exc
             if isinstance(exc, OSError | TimeoutError):
                 raise UpstreamConnectError(f"cannot connect to {o.key}: {exc!r}") from exc
             raise

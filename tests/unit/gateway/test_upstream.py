@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import resource
 import shutil
 import socket
 import ssl
@@ -25,6 +27,7 @@ import uvloop
 from gateway.upstream import (
     HIGH_WATER_BYTES,
     UpstreamConnectError,
+    UpstreamLocalExhaustion,
     UpstreamPool,
     UpstreamProtocolError,
     UpstreamResponse,
@@ -159,6 +162,24 @@ async def test_sends_the_head_as_given_and_reads_a_content_length_body(serve: Se
         assert heads[-1].endswith(b"\r\n" + line + b"\r\n")
     assert heads[-1] == b"GET /x HTTP/1.1\r\nHost: h.example\r\n\r\n"  # the caller's Host wins
     assert up.accepted == 2  # one connection per origin string (the prefixed one is another origin)
+
+
+async def test_running_out_of_descriptors_is_our_problem_not_the_upstreams(serve: Serve, pool: UpstreamPool) -> None:
+    up = await serve(answering())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hog: list[socket.socket] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                hog.append(socket.socket())
+        with pytest.raises(UpstreamLocalExhaustion):
+            await pool.request(up.origin, "POST", "/x", {})
+    finally:
+        for sock in hog:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert await (await pool.request(up.origin, "POST", "/x", {})).read() == b"hello"  # fine again
 
 
 async def test_userinfo_in_the_origin_becomes_basic_auth_unless_the_caller_authorizes(
