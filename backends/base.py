@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .values import value
+
 
 class LoadParseError(ValueError):
     """A load report the adapter cannot read (the poller keeps the previous value)."""
@@ -46,14 +48,14 @@ class Load:
     prefix_hits_total: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None  # None when the runtime does not report it
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Reply:
     """A translated non-streaming response body and the usage read from it (parsed once)."""
 
@@ -61,7 +63,7 @@ class Reply:
     usage: Usage | None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UpstreamRequest:
     """One HTTP request to a backend: everything the proxy needs to send it."""
 
@@ -70,7 +72,7 @@ class UpstreamRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ClientRequest:
     """The parts of a client's OpenAI request that adapters translate from.
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from backends.base import Usage
+from backends.values import value
 
 from .pool import Pool
 from .promfast import CounterChild, FastCounter, FastHistogram, HistogramChild
@@ -32,7 +33,7 @@ GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outcome:
     """One finished request, as the proxy saw it."""
 

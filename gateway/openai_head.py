@@ -7,10 +7,10 @@ with the OpenAI error shape and a 400.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from backends.base import ClientRequest, Endpoint
+from backends.values import value
 
 from . import jsonx
 from .errors import InvalidRequest
@@ -19,7 +19,7 @@ MAX_N = 128
 MAX_TOKENS = 10_000_000
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ParsedRequest:
     model: str
     request: ClientRequest

@@ -16,6 +16,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from backends.values import value
+
 from .quantiles import Reservoir
 
 FINE_S = 1
@@ -90,7 +92,7 @@ class Ring:
                 yield b
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Sample:
     """One finished request, reduced to what the windows keep."""
 
