@@ -215,7 +215,6 @@ class FrontProtocol(asyncio.Protocol):
         self._buf = b""  # bytes not yet given to the parser (before a request starts, or while busy)
         self._msg: _Message | None = None  # the request being parsed
         self._queue: deque[_Message] = deque()  # parsed, waiting for their turn (pipelining)
-        self._header_name = ""
         self.task: asyncio.Task[None] | None = None
         self.idle_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -237,7 +236,7 @@ class FrontProtocol(asyncio.Protocol):
         if self.task is not None:
             self.task.cancel()  # the client is gone: stop its request, which aborts the upstream one
         if self._drain is not None and not self._drain.done():
-            self._drain.set_exception(ConnectionResetError("client closed the connection"))
+            self._drain.set_result(None)  # the writer wakes up and finds the connection closed
         self.transport = None
 
     def pause_writing(self) -> None:
@@ -431,6 +430,8 @@ class FrontProtocol(asyncio.Protocol):
             raise ConnectionResetError("client closed the connection")
         if self._drain is not None and not self._drain.done():
             await self._drain
+            if self._closed:
+                raise ConnectionResetError("client closed the connection")
 
     def _reject(self, error: GatewayError) -> None:
         """Answer a request the parser or a limit refused, then close: the rest is not worth reading."""
