@@ -76,15 +76,11 @@ class NoHealthyBackend(GatewayError):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
-class GatewayOverloaded(GatewayError):
-    """The gateway itself ran out of a resource (file descriptors): try again shortly."""
+class GatewayOverloaded(NoHealthyBackend):
+    """The gateway itself ran out of a resource (file descriptors): a 503 + Retry-After like
+    NoHealthyBackend, with its own code."""
 
-    status = 503
-    type = "server_error"
     code = "gateway_overloaded"
-
-    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
 class UpstreamError(GatewayError):
