@@ -3,11 +3,12 @@
     python -m bench.routing [--quick] [--speed X] [--requests N]      (or `python -m bench routing ...`)
 
 Scenarios (each on a FRESH fleet process and FRESH gateway process(es), see `routing_scenarios.py`):
-multi-tenant shared prefixes at ~70% load for every policy plus the one-infinite-backend reference; a
-hot tenant; two gateways without shared state; a heterogeneous fleet under the `sla` policy; a 70/30
-A/B split. Writes `bench/results/routing.md` (+ `.json`) and `routing_*.png`; exits 1 when a target
-fails. The emulators run `speed` times faster than the modelled hardware: client-measured wall times
-are multiplied by `speed` and reported as simulated seconds.
+multi-tenant shared prefixes at ~70% load for every policy plus the one-infinite-backend reference; the
+same workload over fleets whose KV makes the working set 1x-4x one backend's cache; a hot tenant;
+two gateways without shared state; a heterogeneous fleet under the `sla` policy; a 70/30 A/B split.
+Writes `bench/results/routing.md` (+ `.json`) and `routing_*.png`; exits 1 when a target fails. The
+emulators run `speed` times faster than the modelled hardware: client-measured wall times are
+multiplied by `speed` and reported as simulated seconds.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ from bench.routing_scenarios import (
     hot_tenant,
     multi_tenant,
     two_gateways,
+    working_set_sweep,
 )
 
 POLICIES = ["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
 RESULTS = ROOT / "bench" / "results"
-SCENARIOS = ["multi-tenant", "hot-tenant", "two-gateways", "heterogeneous", "ab"]
+SCENARIOS = ["multi-tenant", "working-set", "hot-tenant", "two-gateways", "heterogeneous", "ab"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,9 +113,14 @@ def evaluate(res: dict[str, Any]) -> list[Target]:
             t.append(Target("multi-tenant: prefix_affinity engine hit rate >= 90% of one infinite backend",
                             f"{pa['hit_rate']:.1%} vs {ref['hit_rate']:.1%} = {share:.0%}", share >= 0.9))
             speedup = rr["ttft_p50_s"] / pa["ttft_p50_s"]
+            # the TTFT of requests the engine serves from cache is a floor no routing goes below
+            floor = pa.get("ttft_p50_cached90_s", math.nan)
+            note = (f" (TTFT p50 of >= 90%-cached requests: {floor * 1000:.0f} ms, so about "
+                    f"{rr['ttft_p50_s'] / floor:.2f}x is within reach of any routing here; see the working-set sweep)"
+                    if floor == floor else "")
             t.append(Target("multi-tenant: TTFT p50 >= 2x better than round_robin",
-                            f"{pa['ttft_p50_s'] * 1000:.0f} ms vs {rr['ttft_p50_s'] * 1000:.0f} ms = {speedup:.2f}x",
-                            speedup >= 2))
+                            f"{pa['ttft_p50_s'] * 1000:.0f} ms vs {rr['ttft_p50_s'] * 1000:.0f} ms = {speedup:.2f}x"
+                            + note, speedup >= 2))
             worst = max(pa["inflight_max_mean"], pa["served_max_mean"])
             t.append(Target("multi-tenant: most loaded backend <= 1.5x mean (prefix_affinity)",
                             f"in-flight {pa['inflight_max_mean']:.2f}x, served {pa['served_max_mean']:.2f}x "
@@ -158,6 +165,8 @@ async def run_all(plan: Plan, args: argparse.Namespace, tmp: Path, console: Cons
             mt = await multi_tenant(plan, tmp, bars, args.policies.split(","))
             mt["table"] = median_rows(mt["rows"])
             res["multi-tenant"] = mt
+        if "working-set" in wanted:
+            res["working-set"] = await working_set_sweep(plan, tmp, bars, res.get("multi-tenant"))
         if "hot-tenant" in wanted:
             res["hot-tenant"] = await hot_tenant(plan, tmp, bars)
         if "two-gateways" in wanted:

@@ -168,6 +168,22 @@ def imbalance(samples: Sequence[Mapping[str, int]], names: Sequence[str]) -> dic
             "inflight_sample_p95": pct(ratios, 95), "inflight_mean": mean}
 
 
+def ttft_breakdown(ok: Sequence[Result], speed: float) -> dict[str, Any]:
+    """Where TTFT comes from: requests the engine served (almost) wholly from cache vs the rest, and
+    the gateway's route reasons (how often prefix affinity spilled to a non-holder)."""
+    cached = [r for r in ok if r.prompt_tokens and r.cached_tokens >= 0.9 * r.prompt_tokens]
+    rest = [r for r in ok if not (r.prompt_tokens and r.cached_tokens >= 0.9 * r.prompt_tokens)]
+    reasons: dict[str, int] = {}
+    for r in ok:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    return {
+        "cached90_share": len(cached) / len(ok) if ok else math.nan,
+        "ttft_p50_cached90_s": pct([r.ttft_s * speed for r in cached if r.ttft_s is not None], 50),
+        "ttft_p50_rest_s": pct([r.ttft_s * speed for r in rest if r.ttft_s is not None], 50),
+        "reasons": reasons,
+    }
+
+
 def reduce(run: Run, names: Sequence[str] | None = None) -> dict[str, Any]:
     """One row: hit rates, latency percentiles (simulated s), throughput, SLA, imbalance, cost."""
     sp = run.speed
@@ -205,5 +221,6 @@ def reduce(run: Run, names: Sequence[str] | None = None) -> dict[str, Any]:
         "ttfts_s": ttft,
         "per_backend_hit_rate": {n: (run.counters[n][0] / run.counters[n][1] if run.counters[n][1] else math.nan)
                                  for n in names},
+        **ttft_breakdown(ok, sp),
         **run.extra,
     }

@@ -17,11 +17,15 @@ from backends.emulator.profiles import EngineParams
 from bench.routing_client import Result, stream_one
 from bench.routing_fleet import BackendSpec
 from bench.routing_run import MODEL, Fleet, GatewayProc, Run, gateway_config, measure, reduce, wait_ready
-from bench.workload import TimedRequest, WorkloadSpec, generate, ideal_hit_rate, words
+from bench.workload import TimedRequest, WorkloadSpec, generate, ideal_hit_rate, words, working_set_tokens
 
 PROFILE = "deepseek-v3-8xh200"
 RUNTIME = "vllm"
 INFINITE_KV = 10**9  # tokens: the reference backend never evicts
+# Working set / one backend's KV for the sweep: the same workload and load, each backend's KV cut so
+# that the fleet's distinct prompt tokens fill 1x-4x of one backend's cache (4x: exactly the fleet's).
+SWEEP_FACTORS = (1.0, 2.0, 3.0, 4.0)
+SWEEP_POLICIES = ("round_robin", "prefix_affinity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +111,54 @@ async def multi_tenant(plan: Plan, tmp: Path, progress: Progress, policies: list
         for policy in policies:
             rows.append({**await policy_run(policy, fleet_specs(plan, plan.backends), reqs, plan, tmp, progress,
                                             f"mt-{policy}-{rep}"), "repeat": rep})
+    ref = await reference_run(plan, reqs, tmp, progress)
+    return {"spec": spec, "capacity_rps": cap, "rows": rows, "reference": ref, "ideal_hit_rate": ideal_hit_rate(reqs),
+            "mean_prompt_tokens": sum(r.prompt_tokens for r in reqs) / len(reqs),
+            "working_set_tokens": working_set_tokens(reqs)}
+
+
+def profile_kv_tokens() -> int:
+    p = params()
+    return p.kv_blocks * p.block_size
+
+
+async def reference_run(plan: Plan, reqs: list[TimedRequest], tmp: Path, progress: Progress) -> dict[str, Any]:
+    """The whole workload on ONE backend with an infinite KV at the same per-backend load (arrivals
+    slowed by the fleet size, speed raised by it: same wall time)."""
     n = plan.backends
     ref_reqs = [replace(r, at_s=r.at_s * n) for r in reqs]
     ref_spec = [BackendSpec("ref", PROFILE, RUNTIME, plan.speed * n, INFINITE_KV)]
-    ref = await policy_run("round_robin", ref_spec, ref_reqs, plan, tmp, progress, "mt-reference",
-                           speed=plan.speed * n)
-    return {"spec": spec, "capacity_rps": cap, "rows": rows, "reference": ref, "ideal_hit_rate": ideal_hit_rate(reqs),
-            "mean_prompt_tokens": sum(r.prompt_tokens for r in reqs) / len(reqs)}
+    return await policy_run("round_robin", ref_spec, ref_reqs, plan, tmp, progress, "mt-reference",
+                            speed=plan.speed * n)
+
+
+async def working_set_sweep(plan: Plan, tmp: Path, progress: Progress, mt: dict[str, Any] | None) -> dict[str, Any]:
+    """The multi-tenant workload, unchanged (same requests, same arrival rate), on fleets whose
+    per-backend KV is the working set / 1, 2, 3, 4: where prefix affinity should matter is a working
+    set larger than one backend's cache that still fits in the fleet's. The original configuration
+    (the multi-tenant table) is added as one more point from that run when it ran."""
+    spec, _ = at_load(base_spec(plan), plan, plan.backends)
+    reqs = generate(spec)
+    ws = working_set_tokens(reqs)
+    points: list[dict[str, Any]] = []
+    for f in SWEEP_FACTORS:
+        kv = int(ws / f)
+        rows = {}
+        for policy in SWEEP_POLICIES:
+            specs = [BackendSpec(f"b{i}", PROFILE, RUNTIME, plan.speed, kv) for i in range(plan.backends)]
+            rows[policy] = await policy_run(policy, specs, reqs, plan, tmp, progress, f"ws{f:g}x-{policy}")
+        points.append({"factor": f, "kv_tokens": kv, "original": False, "rows": rows})
+    kv0 = plan.kv_tokens or profile_kv_tokens()
+    if mt is not None:
+        table = {r["policy"]: r for r in mt["table"]}
+        if all(p in table for p in SWEEP_POLICIES):
+            points.append({"factor": ws / kv0, "kv_tokens": kv0, "original": True,
+                           "rows": {p: table[p] for p in SWEEP_POLICIES}})
+    points.sort(key=lambda pt: pt["factor"])
+    reference = mt["reference"] if mt is not None else await reference_run(plan, reqs, tmp, progress)
+    return {"working_set_tokens": ws, "original_kv_tokens": kv0, "original_factor": ws / kv0, "points": points,
+            "reference": reference, "ideal_hit_rate": ideal_hit_rate(reqs), "rate_rps": spec.rate_rps,
+            "requests": len(reqs)}
 
 
 async def hot_tenant(plan: Plan, tmp: Path, progress: Progress) -> dict[str, Any]:

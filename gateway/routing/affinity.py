@@ -1,7 +1,11 @@
 """`prefix_affinity`: send a prompt where its prefix is cached, without letting a hot prefix snowball.
 
 1. Expected hit per candidate from the prefix index (chained block hashes, engine granularity).
-2. Some hit: rank by (longest hit, lowest load, rendezvous score) -> reason "affinity".
+2. Some hit: rank by (least prefill work to the first token, longest hit, lowest load, rendezvous
+   score), where work = the uncached prefill this gateway has queued on the backend + the request's
+   own uncached tokens -> reason "affinity" (or "spill" when a holder of a shorter hit, or no holder,
+   wins because the longest-hit holder is stuck behind queued prefill). With nothing queued that is
+   simply the longest hit.
 3. No hit anywhere: rank by rendezvous score of the request's affinity key (x-prefix-key, else
    x-session-id, else the first prompt block) -> reason "hash". Every replica and worker ranks a
    new prefix alike without sharing state, and removing a backend remaps only the keys that ranked
@@ -18,13 +22,14 @@ from __future__ import annotations
 
 import random
 
-from .base import Decision, RouteRequest, Snapshot
+from .base import BackendView, Decision, RouteRequest, Snapshot
 from .hashing import hrw
 from .scoring import LoadBounded, by_rendezvous, hits_for, least_loaded, walk
 
 
 class PrefixAffinity(LoadBounded):
-    """Longest expected prefix hit, rendezvous placement for new prefixes, bounded-load spill."""
+    """Least prefill work (longest expected hit unless its holder is backed up), rendezvous placement
+    for new prefixes, bounded-load spill."""
 
     name = "prefix_affinity"
 
@@ -34,24 +39,58 @@ class PrefixAffinity(LoadBounded):
             return None
         features = req.features
         key = features.affinity_key
-        loads = [v.load_score for v in candidates]
-        bound = self.bound(candidates)
+        loads = [v.in_flight + (v.waiting or 0.0) for v in candidates]  # BackendView.load_score
+        bound = self.load_factor * sum(loads) / len(loads) + self.slack  # LoadBounded.bound
         hits = hits_for(snapshot, features, candidates)
         if max(hits) > 0:
-            k = features.chain[0] if key is None else key  # describe always sets a key with a chain
-            top = min(zip(hits, loads, strict=True), key=lambda hl: (-hl[0], hl[1]))
-            ties = [i for i in range(len(candidates)) if hits[i] == top[0] and loads[i] == top[1]]
-            first = ties[0] if len(ties) == 1 else max(ties, key=lambda i: hrw(k, candidates[i].name))
-            if loads[first] <= bound:
-                return Decision(candidates[first].name, "affinity", hits[first])
-            order = sorted(range(len(candidates)), key=lambda i: (-hits[i], loads[i], -hrw(k, candidates[i].name)))
-            holders = [i for i in order if hits[i] > 0]
-            # a hot prefix spreads to the least loaded non-holder (rendezvous breaks ties), so it does not
-            # pile onto the same "next" backend every time
-            rest = sorted((i for i in order if hits[i] == 0), key=lambda i: (loads[i], -hrw(k, candidates[i].name)))
-            chosen = next((i for i in holders + rest if loads[i] <= bound), first)  # min load <= bound
-            return Decision(candidates[chosen].name, "spill", hits[chosen])
+            return self._holder(candidates, hits, loads, bound, snapshot, req)
         if key is None:
             return Decision(least_loaded(candidates, None).name, "least_load")
         chosen_view, spilled = walk(by_rendezvous(candidates, key), lambda v: v.load_score <= bound)
         return Decision(chosen_view.name, "spill" if spilled else "hash")
+
+    def _holder(
+        self,
+        candidates: tuple[BackendView, ...],
+        hits: list[int],
+        loads: list[float],
+        bound: float,
+        snapshot: Snapshot,
+        req: RouteRequest,
+    ) -> Decision:
+        """Some candidate holds part of the prefix: the least prefill work to the first token wins.
+
+        Work = the uncached prefill this gateway has queued on the backend and not yet seen a first
+        token for (`LatencyModel.backlog_tokens`) + this request's own uncached tokens. Without a
+        backlog that is simply the longest hit; with one, a holder stuck behind a long prefill
+        (a new document, a burst of new sessions) loses to a backend that can start sooner, instead
+        of making every request that hits it wait for that prefill (head-of-line blocking).
+        """
+        features = req.features
+        key = features.affinity_key
+        k = features.chain[0] if key is None else key  # describe always sets a key with a chain
+        models = snapshot.latency
+        prompt = features.prompt_tokens
+        work = []
+        for view, hit in zip(candidates, hits, strict=True):
+            model = models.get(view.name)
+            uncached = prompt - hit
+            work.append((model.backlog_tokens if model is not None else 0.0) + (uncached if uncached > 0 else 0))
+        # the first candidate with the least work, then the longest hit, then the lowest load; and its ties
+        ties = [0]
+        top = (work[0], -hits[0], loads[0])
+        for i in range(1, len(candidates)):
+            rank = (work[i], -hits[i], loads[i])
+            if rank < top:
+                ties, top = [i], rank
+            elif rank == top:
+                ties.append(i)
+        first = ties[0] if len(ties) == 1 else max(ties, key=lambda i: hrw(k, candidates[i].name))
+        best_hit = max(hits)
+        if loads[first] <= bound:
+            return Decision(candidates[first].name, "affinity" if hits[first] == best_hit else "spill", hits[first])
+        # over the bound: walk down the same ranking; a hot prefix spreads to the least loaded
+        # non-holder (rendezvous breaks ties), so it does not pile onto the same "next" backend
+        order = sorted(range(len(candidates)), key=lambda i: (work[i], -hits[i], loads[i], -hrw(k, candidates[i].name)))
+        chosen = next((i for i in order if loads[i] <= bound), first)  # min load <= bound
+        return Decision(candidates[chosen].name, "spill", hits[chosen])

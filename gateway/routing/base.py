@@ -10,7 +10,7 @@ asyncio thread and `choose` never awaits), so a policy still sees a consistent s
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -89,10 +89,17 @@ class BackendView:
 
 
 class PrefixLookup(Protocol):
-    """Read-only view of a prefix index: how many leading blocks of `chain` (at `stride` base units
-    per block) `backend` is believed to hold."""
+    """Read-only view of a prefix index."""
 
-    def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int: ...
+    def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
+        """How many leading blocks of `chain` (at `stride` base units per block) `backend` is
+        believed to hold."""
+        ...
+
+    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
+        """The expected cached prompt tokens of each of `views`: `match` at each view's engine
+        granularity (`stride_for(view.block_size)`), times the tokens per block."""
+        ...
 
 
 class _NoPrefixes:
@@ -100,6 +107,9 @@ class _NoPrefixes:
 
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
         return 0
+
+    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
+        return [0] * len(views)
 
 
 NO_PREFIXES: PrefixLookup = _NoPrefixes()
@@ -112,7 +122,14 @@ class Snapshot:
     latency: Mapping[str, LatencyModel] = field(default_factory=dict)  # by backend name; absent = unknown
 
     def healthy(self, exclude: frozenset[str] = frozenset()) -> tuple[BackendView, ...]:
-        return tuple(b for b in self.backends if b.healthy and b.name not in exclude)
+        """The candidates: healthy and not excluded, in config order (`backends` itself when that
+        is all of them, so callers can recognise the unfiltered set by identity)."""
+        backends = self.backends
+        if exclude:
+            out = [b for b in backends if b.healthy and b.name not in exclude]
+        else:
+            out = [b for b in backends if b.healthy]
+        return backends if len(out) == len(backends) else tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

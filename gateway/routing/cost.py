@@ -4,16 +4,18 @@ Cost per output token is `usd_per_hour / (3600 * output_tokens_per_s)` with the 
 recent throughput, so a pricier but much faster backend can be the cheaper one. Backends over the
 load bound (`load_factor` x mean + `slack`) are not acceptable, so the cheapest backend fills up to
 the bound and the next cheapest takes the overflow, instead of everything queueing on the cheapest.
-Ranking: known cost before unknown, cost (5% bands), then the expected prefix hit (shared scorer),
+Ranking: known cost before unknown, cost (~20% bands, `scoring.COST_TIE`), then the expected prefix hit (shared scorer),
 then load, then the rendezvous score -> reason "cost".
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
-from .base import Decision, RouteRequest, Snapshot
-from .scoring import LoadBounded, cost_rank, hits_for, pick
+from .base import BackendView, Decision, RouteRequest, Snapshot
+from .hashing import hrw
+from .scoring import LoadBounded, cost_rank, hits_for
 
 
 class Cost(LoadBounded):
@@ -25,9 +27,24 @@ class Cost(LoadBounded):
         candidates = snapshot.healthy(req.exclude)
         if not candidates:
             return None
-        bound = self.bound(candidates)
-        acceptable = [v for v in candidates if v.load_score <= bound]  # never empty: min <= mean
+        loads = [v.in_flight + (v.waiting or 0.0) for v in candidates]  # BackendView.load_score
+        bound = self.load_factor * sum(loads) / len(loads) + self.slack  # LoadBounded.bound
+        if max(loads) <= bound:
+            acceptable: Sequence[BackendView] = candidates
+        else:
+            acceptable = [v for v, load in zip(candidates, loads, strict=True) if load <= bound]  # min <= mean
+            loads = [load for load in loads if load <= bound]
         features = req.features
-        hits = dict(zip((v.name for v in acceptable), hits_for(snapshot, features, acceptable), strict=True))
-        best = pick(acceptable, lambda v: (*cost_rank(v), -hits[v.name], v.load_score), features.affinity_key)
-        return Decision(best.name, "cost", hits[best.name])
+        hits = hits_for(snapshot, features, acceptable)
+        # `scoring.pick` over (cost band, -hit, load), inlined: the smallest key, ties to rendezvous
+        ties: list[int] = []
+        best_key: tuple[float, ...] = ()
+        for i, v in enumerate(acceptable):
+            k = (*cost_rank(v), -hits[i], loads[i])
+            if not ties or k < best_key:
+                best_key, ties = k, [i]
+            elif k == best_key:
+                ties.append(i)
+        key = features.affinity_key
+        chosen = ties[0] if len(ties) == 1 or key is None else max(ties, key=lambda i: hrw(key, acceptable[i].name))
+        return Decision(acceptable[chosen].name, "cost", hits[chosen])

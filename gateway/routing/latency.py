@@ -7,7 +7,9 @@ The model (deliberately small, so it learns from a few dozen requests and is che
   backend and `ahead_tokens` is the uncached prefill work queued before it: the larger of what this
   gateway has sent and not yet seen a first token for (`backlog_tokens`), and the engine-reported
   queue length times the mean uncached tokens per request (other gateways' work shows up there);
-* the prefill rate is an EWMA of seconds per token over observations `ttft / work` with
+* the prefill rate is an EWMA of seconds per token (bias-corrected: the plain mean of the first
+  `1 / alpha` samples, so the first sample does not dominate while the backend warms up) over
+  observations `ttft / work` with
   `work = ahead + uncached` measured at dispatch, taken only when `work >= min_work_tokens` (short
   work measures fixed overhead, not throughput); those short observations feed an EWMA of
   `base_ttft_s` instead, which is subtracted from long ones;
@@ -15,9 +17,10 @@ The model (deliberately small, so it learns from a few dozen requests and is che
   (0-1, 2-3, 4-7, ... 128+ running requests: decode steps slow down as the batch grows); a request
   is predicted at `running + 1`, and an unseen bucket borrows the nearest seen one.
 
-Unknown stays `None`: a backend never observed is neither feasible nor infeasible, and the SLA
-policy explores it only when no known backend can meet the target. No clock is read here; every
-duration arrives as an argument.
+Unknown stays `None`: a backend never observed is neither feasible nor infeasible. The model also
+says how much it has seen (`ttft_samples`) and how many of our requests still wait for their first
+token (`pending`), so the SLA policy can tell a learned backend from a cold one and probe cold ones
+one request at a time (see `sla.py`). No clock is read here; every duration arrives as an argument.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class LatencyModel:
     backlog_tokens: float = 0.0
     mean_uncached_tokens: float | None = None
     itl_s: tuple[float | None, ...] = (None,) * ITL_BUCKETS  # by bucket; unseen ones borrow the nearest
+    ttft_samples: int = 0  # TTFT observations the prefill rate was learned from (confidence)
+    pending: int = 0  # requests this gateway sent that have not had their first token yet
 
     def ttft_s(self, uncached_tokens: float, waiting: float | None = None) -> float | None:
         """Predicted time to first token for a request with `uncached_tokens` of prefill."""
@@ -78,14 +83,21 @@ class LatencyEstimator:
         self.alpha = alpha
         self.min_work_tokens = min_work_tokens
         self._s_per_token: float | None = None
+        self._ttft_samples = 0
         self._base_s: float | None = None
+        self._base_samples = 0
         self._backlog = 0.0
+        self._pending = 0
         self._mean_uncached: float | None = None
         self._itl: list[float | None] = [None] * ITL_BUCKETS
         self._model: LatencyModel | None = UNKNOWN
 
     def _ewma(self, old: float | None, sample: float) -> float:
         return sample if old is None else old + self.alpha * (sample - old)
+
+    def _warming(self, old: float | None, sample: float, n: int) -> float:
+        """The EWMA after its `n`-th sample, bias-corrected: the running mean while `1/n > alpha`."""
+        return sample if old is None else old + max(self.alpha, 1.0 / n) * (sample - old)
 
     @property
     def backlog_tokens(self) -> float:
@@ -95,6 +107,7 @@ class LatencyEstimator:
         """A request with `uncached_tokens` of prefill was sent; returns the backlog ahead of it."""
         ahead = self._backlog
         self._backlog += uncached_tokens
+        self._pending += 1
         self._mean_uncached = self._ewma(self._mean_uncached, uncached_tokens)
         self._model = None
         return ahead
@@ -102,6 +115,7 @@ class LatencyEstimator:
     def prefilled(self, uncached_tokens: float) -> None:
         """The request's first token arrived, or it ended without one: its prefill left the queue."""
         self._backlog = max(self._backlog - uncached_tokens, 0.0)
+        self._pending = max(self._pending - 1, 0)
         self._model = None
 
     def observe_ttft(self, *, work_tokens: float, ttft_s: float) -> None:
@@ -109,10 +123,12 @@ class LatencyEstimator:
         if ttft_s <= 0:
             return
         if work_tokens < self.min_work_tokens:
-            self._base_s = self._ewma(self._base_s, ttft_s)
+            self._base_samples += 1
+            self._base_s = self._warming(self._base_s, ttft_s, self._base_samples)
         else:
             prefill_s = max(ttft_s - (self._base_s or 0.0), 1e-4)
-            self._s_per_token = self._ewma(self._s_per_token, prefill_s / work_tokens)
+            self._ttft_samples += 1
+            self._s_per_token = self._warming(self._s_per_token, prefill_s / work_tokens, self._ttft_samples)
         self._model = None
 
     def observe_itl(self, *, running: float, itl_s: float) -> None:
@@ -134,5 +150,7 @@ class LatencyEstimator:
                 backlog_tokens=self._backlog,
                 mean_uncached_tokens=self._mean_uncached,
                 itl_s=fill_buckets(self._itl),
+                ttft_samples=self._ttft_samples,
+                pending=self._pending,
             )
         return self._model

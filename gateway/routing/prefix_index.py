@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
 
-from .base import UNIT_CHARS, UNIT_TOKENS, RequestFeatures, stride_for
+from .base import UNIT_CHARS, UNIT_TOKENS, BackendView, RequestFeatures, stride_for
 
 DEFAULT_CAPACITY = 50_000  # entries per backend: ~5 MB each, ~800k tokens at 16 tokens per block
 
@@ -47,6 +47,17 @@ class Sent:
         return self.predicted_blocks * self.stride * UNIT_TOKENS
 
 
+class _Held:
+    """One backend's slice of the index: its LRU, the tick of its last correction, its stride."""
+
+    __slots__ = ("cut", "entries", "stride")
+
+    def __init__(self, stride: int) -> None:
+        self.entries: OrderedDict[int, int] = OrderedDict()  # block hash -> tick of the last send with it
+        self.cut = 0  # the tick of the last correction (observe/abandon, or a change of stride)
+        self.stride = stride
+
+
 class PrefixIndex:
     """Per-backend LRU of chained block hashes. Pure state: no clock, no I/O."""
 
@@ -57,28 +68,51 @@ class PrefixIndex:
         # Engines never report the last prompt token as cached and round to their own blocks; a
         # shortfall of up to `slack_blocks` is noise, not eviction.
         self.slack_blocks = slack_blocks
-        self._lru: dict[str, OrderedDict[int, int]] = {}
+        self._held: dict[str, _Held] = {}
         self._tick = 0
-        self._cut: dict[str, int] = {}  # per backend: the tick of the last correction
-        self._stride: dict[str, int] = {}
-        self._last: tuple[tuple[int, ...], int, int] = ((), 0, 0)  # (chain, stride, run) of the last search
+        # (chain, run in base units) of the last search: the holders of a hot prefix share its run
+        self._last: tuple[tuple[int, ...], int] = ((), 0)
 
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
         """Leading blocks of `chain` (at `stride` units per block) believed cached on `backend`:
         the run from the first block up to the first miss (see the module docstring for how)."""
-        entries = self._lru.get(backend)
-        if not entries or len(chain) < stride or chain[stride - 1] not in entries:
+        held = self._held.get(backend)
+        if held is None:
+            return 0
+        return self._match(held, chain, stride)
+
+    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
+        """Expected cached prompt tokens for each of `views` (`match` at each backend's engine
+        granularity, in tokens), in one pass: this runs on every routing decision."""
+        held = self._held
+        match = self._match
+        out: list[int] = []
+        append = out.append
+        for view in views:
+            h = held.get(view.name)
+            if h is None:
+                append(0)
+                continue
+            bs = view.block_size
+            stride = 1 if not bs or bs <= UNIT_TOKENS else -(-bs // UNIT_TOKENS)
+            append(match(h, chain, stride) * stride * UNIT_TOKENS)
+        return out
+
+    def _match(self, held: _Held, chain: tuple[int, ...], stride: int) -> int:
+        entries = held.entries
+        if len(chain) < stride or chain[stride - 1] not in entries:
             return 0
         blocks = len(chain) // stride
         tick = entries.get(chain[blocks * stride - 1])
         if tick is not None:
             found = blocks
         else:
-            # The run length found for the previous backend on this same chain is the likely answer
-            # here too (holders of a hot prefix share it): two probes confirm it.
-            last_chain, last_stride, hint = self._last
+            # The run found for the previous backend on this same chain is the likely answer here too
+            # (holders of a hot prefix share it, whatever their granularity): two probes confirm it.
+            last_chain, last_units = self._last
+            hint = last_units // stride
             if (
-                last_chain is chain and last_stride == stride and 0 < hint < blocks
+                last_chain is chain and 0 < hint < blocks
                 and chain[hint * stride - 1] in entries and chain[(hint + 1) * stride - 1] not in entries
             ):
                 found = hint
@@ -91,31 +125,34 @@ class PrefixIndex:
                     else:
                         hi = mid - 1
                 found = lo
+                self._last = (chain, found * stride)
             tick = entries[chain[found * stride - 1]]
-            self._last = (chain, stride, found)
-        if tick > self._cut.get(backend, 0) and self._stride.get(backend) == stride:
+        if tick > held.cut and held.stride == stride:
             return found  # recorded after the last cut: its whole run is present
         walk = chain if stride == 1 else chain[stride - 1 :: stride]
         return len(list(takewhile(entries.__contains__, walk)))  # exact, in C
 
     def holds(self, backend: str, block_hash: int) -> bool:
         """Whether `block_hash` is in `backend`'s LRU (for tests and debugging)."""
-        entries = self._lru.get(backend)
-        return entries is not None and block_hash in entries
+        held = self._held.get(backend)
+        return held is not None and block_hash in held.entries
 
     def record(self, backend: str, features: RequestFeatures, *, block_size: int | None) -> Sent:
         """Remember that `backend` was sent this prompt (call when the request is dispatched)."""
         chain = features.chain
         stride = stride_for(block_size)
-        predicted = self.match(backend, chain, stride)
-        if self._stride.get(backend, stride) != stride:  # mixed granularities break the run shape
-            self._cut[backend] = self._tick
-        self._stride[backend] = stride
+        held = self._held.get(backend)
+        if held is None:
+            held = self._held[backend] = _Held(stride)
+            predicted = 0
+        else:
+            predicted = self._match(held, chain, stride)
+            if held.stride != stride:  # mixed granularities break the run shape
+                held.cut = self._tick
+                held.stride = stride
         self._tick += 1
         tick = self._tick
-        entries = self._lru.get(backend)
-        if entries is None:
-            entries = self._lru[backend] = OrderedDict()
+        entries = held.entries
         move = entries.move_to_end
         for end in range((len(chain) // stride) * stride, 0, -stride):  # deepest first
             key = chain[end - 1]
@@ -144,11 +181,12 @@ class PrefixIndex:
         return self._forget_from(sent, sent.predicted_blocks)
 
     def _forget_from(self, sent: Sent, first_block: int) -> int:
-        entries = self._lru.get(sent.backend)
-        if not entries:
+        held = self._held.get(sent.backend)
+        if held is None or not held.entries:
             return 0
+        entries = held.entries
         forgotten = 0
-        self._cut[sent.backend] = self._tick
+        held.cut = self._tick
         stride, chain = sent.stride, sent.chain
         for end in range((first_block + 1) * stride, len(chain) + 1, stride):
             key = chain[end - 1]
@@ -160,16 +198,14 @@ class PrefixIndex:
 
     def forget(self, backend: str) -> None:
         """The backend restarted or was ejected: its cache is gone."""
-        self._lru.pop(backend, None)
-        self._cut.pop(backend, None)
-        self._stride.pop(backend, None)
+        self._held.pop(backend, None)
 
     def retain(self, backends: Iterable[str]) -> None:
         """Drop every backend not in `backends` (after a config reload)."""
         keep = set(backends)
-        for name in [n for n in self._lru if n not in keep]:
+        for name in [n for n in self._held if n not in keep]:
             self.forget(name)
 
     def size(self, backend: str) -> int:
-        entries = self._lru.get(backend)
-        return len(entries) if entries else 0
+        held = self._held.get(backend)
+        return len(held.entries) if held else 0

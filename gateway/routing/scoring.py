@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import NamedTuple
 
 from .base import UNIT_TOKENS, BackendView, RequestFeatures, Snapshot, stride_for
@@ -54,17 +55,11 @@ def hit_tokens(snapshot: Snapshot, features: RequestFeatures, view: BackendView)
 
 
 def hits_for(snapshot: Snapshot, features: RequestFeatures, candidates: Sequence[BackendView]) -> list[int]:
-    """`hit_tokens` for every candidate, in one tight loop (this runs on every decision)."""
+    """`hit_tokens` for every candidate, in one call (this runs on every decision)."""
     chain = features.chain
     if not chain:
         return [0] * len(candidates)
-    match = snapshot.prefix.match
-    out = []
-    for view in candidates:
-        bs = view.block_size
-        stride = 1 if not bs or bs <= UNIT_TOKENS else -(-bs // UNIT_TOKENS)
-        out.append(match(view.name, chain, stride) * stride * UNIT_TOKENS)
-    return out
+    return snapshot.prefix.hits(chain, candidates)
 
 
 def cost_per_output_token(view: BackendView) -> float | None:
@@ -76,10 +71,17 @@ def cost_per_output_token(view: BackendView) -> float | None:
 
 
 def cost_rank(view: BackendView) -> tuple[int, float]:
-    """A sort key: known costs first, grouped into ~5% bands so near-ties fall to the next scorer."""
-    cost = cost_per_output_token(view)
-    if cost is None:
+    """A sort key: known costs first, grouped into ~20% bands so near-ties fall to the next scorer."""
+    return _cost_band(view.usd_per_hour, view.output_tokens_per_s)
+
+
+@lru_cache(maxsize=4096)
+def _cost_band(usd_per_hour: float | None, tps: float | None) -> tuple[int, float]:
+    # Cached: a fleet has few distinct (price, measured throughput) pairs at a time, and the log is
+    # most of the cost policy's per-candidate work.
+    if usd_per_hour is None or tps is None or tps <= 0:
         return (1, 0.0)
+    cost = usd_per_hour / (3600.0 * tps)
     if cost <= 0:
         return (0, -math.inf)
     return (0, float(round(math.log(cost) / COST_TIE)))

@@ -2,10 +2,16 @@
 
 Each candidate's TTFT and TPOT are predicted from its learned `LatencyModel` (see `latency.py`) and
 the prefix index's expected hit. Among the backends predicted to meet every target we take the
-longest prefix hit, then the lowest cost per output token, then the lowest load -> "sla". Backends
-not learned yet are explored only when no learned one qualifies. When none can meet the target we
-serve best effort on the predicted fastest -> "sla_miss", or, with `x-sla-strict: true`, return a
-`reject` decision that the proxy answers with 429 and Retry-After.
+longest prefix hit, then the lowest cost per output token, then the lowest load -> "sla".
+
+Cold start: a backend is learned once its prefill rate rests on `WARM_SAMPLES` TTFT observations.
+Until then SLA traffic reaches it only when no learned backend is predicted to meet the target: a
+backend that never answered gets one request at a time (a probe: the next goes elsewhere until its
+first token is back), and while every cold backend is being probed the one with the best
+provisional prediction is used. A backend that turns out slow or queued so costs a request, not a
+burst. Requests without targets are routed by the inner policy and warm every backend up. When none
+can meet the target we serve best effort on the predicted fastest -> "sla_miss", or, with
+`x-sla-strict: true`, return a `reject` decision that the proxy answers with 429 and Retry-After.
 
 `decide` applies the same SLA screen in front of any other policy, for requests that carry targets
 on routes whose policy is not `sla`.
@@ -19,27 +25,61 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .affinity import PrefixAffinity
-from .base import UNIT_TOKENS, Decision, Policy, RouteRequest, SlaTarget, Snapshot
-from .latency import itl_bucket
-from .scoring import Prediction, cost_rank, hits_for, pick
+from .base import UNIT_TOKENS, BackendView, Decision, Policy, RouteRequest, SlaTarget, Snapshot
+from .hashing import hrw
+from .latency import ITL_BUCKETS
+from .scoring import Prediction, cost_rank, hits_for
 
 MAX_RETRY_AFTER_S = 60.0
 HEADROOM = 0.8
+# TTFT observations before a backend's prediction may qualify it for SLA traffic. One sample says
+# little (it may have been taken before a queue built up), and a cold backend's first answers come
+# back within a second or so under load, so a few samples cost little exploration.
+WARM_SAMPLES = 3
 
 
 @dataclass(frozen=True, slots=True)
 class Screen:
     """The SLA verdict over the candidates: who meets the target, who is unknown, the fastest."""
 
-    feasible: tuple[Prediction, ...]
-    unknown: tuple[Prediction, ...]
+    feasible: tuple[Prediction, ...]  # learned, and predicted to meet the target
+    unknown: tuple[Prediction, ...]  # cold (not learned enough to qualify) and not predicted to miss
     fastest: Prediction | None
+    probes: tuple[Prediction, ...] = ()  # unknown, never answered us, none of our requests pending
+    pending: tuple[int, ...] = ()  # per unknown one: our requests still waiting for a first token there
+
+    @property
+    def pool(self) -> tuple[Prediction, ...]:
+        """Where a request with targets may go: the learned backends predicted to meet them; else the
+        cold backends that never answered and have nothing of ours pending (one probe at a time
+        teaches a backend without piling SLA traffic onto it); else the one cold backend with the
+        best provisional prediction (fewest of ours pending on a tie). Empty: a predicted miss."""
+        if self.feasible or self.probes or not self.unknown:
+            return self.feasible or self.probes
+        inf = math.inf
+        best = min(
+            range(len(self.unknown)),
+            key=lambda i: (inf if self.unknown[i].ttft_s is None else self.unknown[i].ttft_s, self.pending[i]),
+        )
+        return (self.unknown[best],)
 
 
-def screen(req: RouteRequest, snapshot: Snapshot, target: SlaTarget, *, headroom: float = HEADROOM) -> Screen:
+def screen(
+    req: RouteRequest,
+    snapshot: Snapshot,
+    target: SlaTarget,
+    *,
+    headroom: float = HEADROOM,
+    warm_samples: int = WARM_SAMPLES,
+) -> Screen:
     """Predict every healthy, untried candidate against `target` (the SLA filter). A prediction
     meets a target when it is within `headroom` x the target: the feasible backend chosen is often
     the one closest to its limit (longest prefix hit first), so predictions need a safety margin.
+
+    Cold start: a backend whose prefill rate was learned from fewer than `warm_samples` TTFT
+    observations is cold. Its prediction may rule it out (predicted to miss) but never qualifies it
+    (it is "unknown"), so SLA traffic is not used to explore while a learned backend is predicted to
+    meet the target; requests without targets explore freely.
 
     This runs for every candidate of every SLA request, so the prefix scorer and the latency model
     are inlined here (see `scoring.hit_tokens` and `LatencyModel.ttft_s`/`tpot_s` for the readable
@@ -47,8 +87,9 @@ def screen(req: RouteRequest, snapshot: Snapshot, target: SlaTarget, *, headroom
     """
     feasible: list[Prediction] = []
     unknown: list[Prediction] = []
+    probes: list[Prediction] = []
+    pending: list[int] = []
     fastest: Prediction | None = None
-    fastest_key = (math.inf, math.inf)
     features = req.features
     prompt_tokens = features.prompt_tokens
     models = snapshot.latency
@@ -58,44 +99,69 @@ def screen(req: RouteRequest, snapshot: Snapshot, target: SlaTarget, *, headroom
     want_tpot = inf if target.tpot_s is None else target.tpot_s * headroom
     need_ttft, need_tpot = target.ttft_s is not None, target.tpot_s is not None
     candidates = snapshot.healthy(req.exclude)
+    new = tuple.__new__  # Prediction(...) without the NamedTuple's Python-level __new__
+    get_model = models.get
+    ft = fo = inf
     for view, hit in zip(candidates, hits_for(snapshot, features, candidates), strict=True):
-        model = models.get(view.name)
-        ttft = tpot = None
-        if model is not None:
+        model = get_model(view.name)
+        if model is None:
+            ttft = tpot = None
+            t = o = inf
+            cold, waits = True, 0
+        else:
+            cold, waits = model.ttft_samples < warm_samples, model.pending
             rate = model.prefill_tokens_per_s
-            if rate is not None:  # LatencyModel.ttft_s, inlined
+            if rate is None:
+                ttft, t = None, inf
+            else:  # LatencyModel.ttft_s, inlined
                 ahead = model.backlog_tokens
                 waiting, mean = view.waiting, model.mean_uncached_tokens
                 if waiting and mean and waiting * mean > ahead:
                     ahead = waiting * mean
                 uncached = prompt_tokens - hit
-                ttft = model.base_ttft_s + (ahead + (uncached if uncached > 0 else 0)) / rate
+                ttft = t = model.base_ttft_s + (ahead + (uncached if uncached > 0 else 0)) / rate
             running = view.running if view.running is not None else view.in_flight
-            tpot = model.itl_s[itl_bucket(running + 1)]
-        p = Prediction(view, hit, ttft, tpot)
-        t = inf if ttft is None else ttft
-        o = inf if tpot is None else tpot
+            bucket = int(running + 1).bit_length() - 1  # latency.itl_bucket, inlined
+            tpot = model.itl_s[0 if bucket < 0 else (bucket if bucket < ITL_BUCKETS else ITL_BUCKETS - 1)]
+            o = inf if tpot is None else tpot
+        p = None
         if (ttft is not None and t > want_ttft) or (tpot is not None and o > want_tpot):
             pass  # known to miss
-        elif (need_ttft and ttft is None) or (need_tpot and tpot is None):
+        elif (need_ttft and (ttft is None or cold)) or (need_tpot and tpot is None):
+            p = new(Prediction, (view, hit, ttft, tpot))
             unknown.append(p)
+            pending.append(waits)
+            if ttft is None and not waits:
+                probes.append(p)
         else:
+            p = new(Prediction, (view, hit, ttft, tpot))
             feasible.append(p)
-        if fastest is None or (t, o) < fastest_key:
-            fastest, fastest_key = p, (t, o)
-    return Screen(tuple(feasible), tuple(unknown), fastest)
+        if fastest is None or t < ft or (t == ft and o < fo):
+            fastest = p if p is not None else new(Prediction, (view, hit, ttft, tpot))
+            ft, fo = t, o
+    return Screen(tuple(feasible), tuple(unknown), fastest, tuple(probes), tuple(pending))
 
 
 class _Known:
     """The screen's prefix answers, replayed to the inner policy (valid for this request only)."""
 
-    __slots__ = ("_blocks",)
+    __slots__ = ("_hits", "_views")
 
-    def __init__(self, predictions: Sequence[Prediction]) -> None:
-        self._blocks = {p.view.name: p.hit_tokens for p in predictions}
+    def __init__(self, views: tuple[BackendView, ...], hits: list[int]) -> None:
+        self._views = views
+        self._hits = hits
 
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
-        return self._blocks.get(backend, 0) // (stride * UNIT_TOKENS)
+        for view, hit in zip(self._views, self._hits, strict=True):
+            if view.name == backend:
+                return hit // (stride * UNIT_TOKENS)
+        return 0
+
+    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
+        if views is self._views:  # the narrowed snapshot's own candidates: the common case
+            return list(self._hits)
+        by_name = {v.name: h for v, h in zip(self._views, self._hits, strict=True)}
+        return [by_name.get(v.name, 0) for v in views]
 
 
 def miss(screen_: Screen, target: SlaTarget) -> Decision | None:
@@ -124,14 +190,23 @@ def miss(screen_: Screen, target: SlaTarget) -> Decision | None:
     )
 
 
-def _best(predictions: Sequence[Prediction], key: int | None) -> Prediction:
-    by_view = {p.view.name: p for p in predictions}
-    view = pick(
-        [p.view for p in predictions],
-        lambda v: (-by_view[v.name].hit_tokens, *cost_rank(v), v.load_score),
-        key,
-    )
-    return by_view[view.name]
+def _best(predictions: Sequence[Prediction], key: int | None, *, cold: bool = False) -> Prediction:
+    """Longest prefix hit, then cost band, then load; ties to the rendezvous winner (`scoring.pick`).
+    Among cold backends load comes first: what they cost is not known yet, and an engine-reported
+    queue is the one warning a cold backend gives."""
+    best: list[Prediction] = []
+    best_key: tuple[float, ...] | None = None
+    for p in predictions:
+        v = p.view
+        load = v.in_flight + (v.waiting or 0.0)
+        k = (load, -p.hit_tokens, *cost_rank(v)) if cold else (-p.hit_tokens, *cost_rank(v), load)
+        if best_key is None or k < best_key:
+            best, best_key = [p], k
+        elif k == best_key:
+            best.append(p)
+    if len(best) == 1 or key is None:
+        return best[0]
+    return max(best, key=lambda p: hrw(key, p.view.name))
 
 
 class Sla:
@@ -151,9 +226,9 @@ class Sla:
         if target is None:
             return self.fallback.choose(req, snapshot, rng)
         verdict = screen(req, snapshot, target, headroom=self.headroom)
-        pool = verdict.feasible or verdict.unknown
+        pool = verdict.pool
         if pool:
-            best = _best(pool, req.features.affinity_key)
+            best = _best(pool, req.features.affinity_key, cold=not verdict.feasible)
             return Decision(best.view.name, "sla", best.hit_tokens, best.ttft_s)
         return miss(verdict, target)
 
@@ -172,8 +247,9 @@ def decide(
     if target is None or policy.name == Sla.name:
         return policy.choose(req, snapshot, rng)
     verdict = screen(req, snapshot, target, headroom=headroom)
-    pool = verdict.feasible or verdict.unknown
+    pool = verdict.pool
     if pool:
-        narrowed = Snapshot(tuple(p.view for p in pool), _Known(pool), snapshot.latency)
+        views = tuple([p.view for p in pool])
+        narrowed = Snapshot(views, _Known(views, [p.hit_tokens for p in pool]), snapshot.latency)
         return policy.choose(req, narrowed, rng)
     return miss(verdict, target)

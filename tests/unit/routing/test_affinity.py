@@ -173,3 +173,22 @@ def test_registry_has_every_configurable_policy() -> None:
 
     assert set(POLICIES) == set(get_args(PolicyName))
     assert all(POLICIES[name].name == name for name in POLICIES)
+
+
+def test_a_holder_stuck_behind_a_long_prefill_loses_to_one_that_can_start_sooner() -> None:
+    state = RoutingState()
+    views = [view(n) for n in "ab"]
+    session = features(doc(1, 2000), x_session_id="s")  # ~500 tokens, cached on a
+    warm(state, views[0], session)
+    choice = POLICY.choose(req(session), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("a", "affinity")
+    # a new 6k-token document is being prefilled on a (dispatched, no first token yet)
+    ticket = state.dispatched(views[0], features(doc(2, 24_000)))
+    choice = POLICY.choose(req(session), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("b", "spill")  # 500 tokens on b beat ~6000 ahead on a
+    state.first_token(ticket, 0.4)  # that prefill is done: back to the holder
+    choice = POLICY.choose(req(session), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("a", "affinity")

@@ -3,7 +3,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.routing import PrefixIndex, RequestFeatures
+from gateway.routing import PrefixIndex, RequestFeatures, stride_for
+
+from .helpers import view
 
 
 def feats(chain: tuple[int, ...]) -> RequestFeatures:
@@ -158,3 +160,31 @@ def test_exact_when_the_block_size_changes(history: list[tuple[str, tuple[int, .
     for _, path, _, _ in history:
         chain = tree_chain(tuple(x for x in path for _ in range(4)))
         assert index.match("a", chain, query_stride) == linear_match(index, chain, query_stride)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), paths, st.sampled_from(["record", "observe"]), st.integers(0, 200)),
+                max_size=60), st.lists(paths, min_size=1, max_size=5), st.integers(3, 40))
+def test_hits_over_many_backends_equal_a_walk_per_backend(history: list[tuple[int, tuple[int, ...], str, int]],
+                                                         queries: list[tuple[int, ...]], capacity: int) -> None:
+    """`hits` (what every decision calls) reuses one backend's run as a hint for the next, across
+    engine granularities: whatever the histories, each answer is the walk to that backend's first miss."""
+    block_sizes = [None, 16, 32, 64, 128, 16]
+    views = [view(f"b{i}", block_size=bs) for i, bs in enumerate(block_sizes)]
+    index = PrefixIndex(capacity=capacity)
+    for who, path, op, cached in history:
+        chain = tree_chain(tuple(x for x in path for _ in range(4)))
+        sent = index.record(f"b{who}", feats(chain), block_size=block_sizes[who])
+        if op == "observe":
+            index.observe(sent, cached_tokens=cached, prompt_tokens=16 * len(chain))
+    for path in queries:
+        chain = tree_chain(tuple(x for x in path for _ in range(4)))
+        expected = []
+        for v in views:
+            stride = stride_for(v.block_size)
+            n = 0
+            while n < len(chain) // stride and index.holds(v.name, chain[(n + 1) * stride - 1]):
+                n += 1
+            expected.append(n * stride * 16)
+        assert index.hits(chain, views) == expected
+        assert index.hits(chain, views[::-1]) == expected[::-1]

@@ -187,3 +187,80 @@ def test_headroom_prefers_a_comfortable_backend_but_never_rejects_a_tight_fit() 
     choice = SLA.choose(req(f), snap(state, view("tight"), view("roomy", usd_per_hour=100, tps=1)), RNG)
     assert choice is not None
     assert choice.backend == "roomy"
+
+
+# -- cold start: learned backends first, cold ones probed one request at a time -----------------------
+
+
+def test_a_cold_backend_gets_no_sla_traffic_while_a_learned_one_qualifies() -> None:
+    state = RoutingState()
+    learned(state, "warm", tokens_per_s=20_000)
+    state.observe("cold", work_tokens=100_000, ttft_s=1.0)  # one sample, and a faster one: not trusted yet
+    f = features(doc(1), x_sla_ttft_ms="800")
+    for policy in (SLA, POLICIES["round_robin"], POLICIES["least_load"]):
+        for seq in range(4):
+            choice = decide(policy, req(f, seq=seq), snap(state, view("cold"), view("warm", load=5)), RNG)
+            assert choice is not None
+            assert choice.backend == "warm", policy.name
+    plain = SLA.choose(req(features(doc(1))), snap(state, view("cold"), view("warm", load=5)), RNG)
+    assert plain is not None
+    assert plain.backend == "cold"  # requests without targets explore freely (least loaded here)
+
+
+def test_a_cold_fleet_is_probed_one_request_at_a_time() -> None:
+    state = RoutingState()
+    views = [view(n) for n in "abcd"]
+    sent = []
+    for i in range(4):
+        f = features(doc(10 + i), x_sla_ttft_ms="800", x_sla_strict="true")
+        choice = SLA.choose(req(f), snap(state, *views), RNG)
+        assert choice is not None
+        assert not choice.reject  # nothing is known to miss: a strict request is served, not refused
+        sent.append(choice.backend)
+        state.dispatched(next(v for v in views if v.name == choice.backend), f)
+    assert sorted(sent) == ["a", "b", "c", "d"]  # one probe each, none piled up while it is pending
+
+
+def test_with_every_cold_backend_probed_the_best_provisional_prediction_wins() -> None:
+    state = RoutingState()
+    views = [view("queued"), view("quick")]
+    tickets = {}
+    for v in views:  # one answered probe each, and one more request pending on each
+        f = features(doc(20), x_sla_ttft_ms="5000")
+        state.first_token(state.dispatched(v, f), 2.0 if v.name == "queued" else 0.2)
+        tickets[v.name] = state.dispatched(v, f)
+    f = features(doc(21), x_sla_ttft_ms="5000")
+    choice = SLA.choose(req(f), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("quick", "sla")
+    screen_ = screen(req(f), snap(state, *views), f.sla)  # type: ignore[arg-type]
+    assert not screen_.feasible
+    assert not screen_.probes
+    assert [p.view.name for p in screen_.pool] == ["quick"]
+
+
+def test_a_cold_backend_predicted_to_miss_is_ruled_out() -> None:
+    state = RoutingState()
+    learned(state, "warm", tokens_per_s=1_000)  # learned, but too slow for the target
+    state.observe("cold", work_tokens=1000, ttft_s=10.0)  # a single, very slow sample
+    f = features(doc(1, 4000), x_sla_ttft_ms="500")
+    result = screen(req(f), snap(state, view("warm"), view("cold"), view("new")), f.sla)  # type: ignore[arg-type]
+    assert not result.feasible
+    assert [p.view.name for p in result.unknown] == ["new"]
+    assert [p.view.name for p in result.probes] == ["new"]
+
+
+def test_warm_up_averages_the_first_samples_instead_of_trusting_the_first() -> None:
+    est = LatencyEstimator(alpha=0.2)
+    est.observe_ttft(work_tokens=1000, ttft_s=0.1)
+    est.observe_ttft(work_tokens=1000, ttft_s=0.3)
+    model = est.model
+    assert model.ttft_samples == 2
+    assert model.prefill_tokens_per_s == pytest.approx(1000 / 0.2)  # the mean, not 0.8 x the first
+    for _ in range(50):
+        est.observe_ttft(work_tokens=1000, ttft_s=0.5)
+    assert est.model.prefill_tokens_per_s == pytest.approx(2000, rel=1e-3)  # then an EWMA as before
+    assert est.dispatched(100) == 0.0
+    assert est.model.pending == 1
+    est.prefilled(100)
+    assert est.model.pending == 0
