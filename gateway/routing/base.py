@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
 
 from backends.base import Runtime
+from backends.values import value
 
 if TYPE_CHECKING:
     from .latency import LatencyModel
@@ -36,7 +37,7 @@ def stride_for(block_size: int | None) -> int:
     return -(-block_size // UNIT_TOKENS)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SlaTarget:
     """A request's latency targets from `x-sla-ttft-ms` / `x-sla-tpot-ms` / `x-sla-strict`."""
 
@@ -45,7 +46,7 @@ class SlaTarget:
     strict: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RequestFeatures:
     """What `describe` extracts from a request, once, for every policy.
 
@@ -67,7 +68,7 @@ class RequestFeatures:
 NO_FEATURES = RequestFeatures()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class BackendView:
     """What a policy may know about one backend, frozen at snapshot time."""
 
@@ -115,7 +116,7 @@ class _NoPrefixes:
 NO_PREFIXES: PrefixLookup = _NoPrefixes()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Snapshot:
     backends: tuple[BackendView, ...]
     prefix: PrefixLookup = NO_PREFIXES
@@ -132,7 +133,7 @@ class Snapshot:
         return backends if len(out) == len(backends) else tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RouteRequest:
     """The routing-relevant description of a request."""
 
@@ -142,7 +143,7 @@ class RouteRequest:
     features: RequestFeatures = NO_FEATURES  # from `describe`, once per request
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Decision:
     """A choice, with a low-cardinality `reason` for metrics and the response headers.
 

@@ -25,7 +25,7 @@ one request at a time (see `sla.py`). No clock is read here; every duration arri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from backends.values import value
 
 ITL_BUCKETS = 9  # running batch: 0-1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128-255, 256+
 
@@ -35,7 +35,7 @@ def itl_bucket(running: float) -> int:
     return 0 if b < 0 else (b if b < ITL_BUCKETS else ITL_BUCKETS - 1)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LatencyModel:
     """A frozen view of one backend's learned latency, carried by the snapshot."""
 

@@ -23,15 +23,16 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import takewhile
+
+from backends.values import value
 
 from .base import UNIT_CHARS, UNIT_TOKENS, BackendView, RequestFeatures, stride_for
 
 DEFAULT_CAPACITY = 50_000  # entries per backend: ~5 MB each, ~800k tokens at 16 tokens per block
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Sent:
     """The index's memory of one dispatch, handed back to `observe` or `abandon`."""
 

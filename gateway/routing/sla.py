@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from backends.values import value
 
 from .affinity import PrefixAffinity
 from .base import UNIT_TOKENS, BackendView, Decision, Policy, RouteRequest, SlaTarget, Snapshot
@@ -38,7 +39,7 @@ HEADROOM = 0.8
 WARM_SAMPLES = 3
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Screen:
     """The SLA verdict over the candidates: who meets the target, who is unknown, the fastest."""
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
+
+from backends.values import value
 
 from .hashing import stable_hash, unit_interval, weighted_score
 
@@ -52,7 +53,7 @@ def assign_arm(sticky_key: str | None, arms: Mapping[str, float], *, salt: str, 
     return rank_arms(sticky_key, arms, salt=salt, rng=rng)[0]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ArmChoice:
     arm: str
     preferred: str  # the arm the key is assigned to
