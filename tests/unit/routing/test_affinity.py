@@ -192,3 +192,16 @@ def test_a_holder_stuck_behind_a_long_prefill_loses_to_one_that_can_start_sooner
     choice = POLICY.choose(req(session), snap(state, *views), RNG)
     assert choice is not None
     assert (choice.backend, choice.reason) == ("a", "affinity")
+
+
+def test_a_short_queue_on_the_holder_does_not_move_the_prefix_to_a_cold_backend() -> None:
+    """Moving costs the prefix twice (prefilled again, and evicting someone else's): a holder with
+    a queue shorter than that keeps its prefix."""
+    state = RoutingState()
+    views = [view(n) for n in "ab"]
+    session = features(doc(1, 2000), x_session_id="s")  # ~500 tokens, cached on a
+    warm(state, views[0], session)
+    state.dispatched(views[0], features(doc(3, 2000)))  # another ~500-token miss queued on a
+    choice = POLICY.choose(req(session), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == ("a", "affinity")
