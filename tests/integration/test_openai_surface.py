@@ -109,3 +109,25 @@ def test_models_health_ready_and_admin(emulators: Emulators, gateway: StartGatew
     assert by_name["v"]["load"]["running"] is not None
     assert by_name["v"]["load"]["block_size"] is not None
     assert by_name["s"]["load"]["waiting"] is not None
+
+
+@pytest.mark.parametrize("front", ["aiohttp", "native"])
+def test_both_http_fronts_serve_generations_and_keep_alive_admin_requests(
+    emulators: Emulators, gateway: StartGateway, front: str
+) -> None:
+    """`listen.front: aiohttp` serves generations through aiohttp's handlers; with the native front a
+    keep-alive connection that asks for something else first is handed to aiohttp and still serves
+    generations afterwards (the SDK's client reuses one connection for all of these)."""
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")], listen={"front": front})
+    sdk = client(gw)
+    assert [m.id for m in sdk.models.list()] == ["moe"]  # a non-generation request first
+    reply = sdk.chat.completions.create(model="moe", messages=MESSAGES, max_tokens=4)
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 4
+    chunks = list(sdk.chat.completions.create(model="moe", messages=MESSAGES, max_tokens=4, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    with pytest.raises(openai.NotFoundError):  # errors are the same OpenAI JSON through either front
+        sdk.chat.completions.create(model="nope", messages=MESSAGES, max_tokens=4)
