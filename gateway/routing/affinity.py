@@ -25,7 +25,7 @@ import random
 
 from .base import BackendView, Decision, RouteRequest, Snapshot
 from .hashing import hrw
-from .scoring import LoadBounded, by_rendezvous, hits_for, least_loaded, walk
+from .scoring import LoadBounded, argmin, by_rendezvous, hits_for, least_loaded, walk
 
 
 class PrefixAffinity(LoadBounded):
@@ -85,16 +85,9 @@ class PrefixAffinity(LoadBounded):
             duplicated = best_hit - hit
             work.append((model.backlog_tokens if model is not None else 0.0) + (uncached if uncached > 0 else 0)
                         + duplicated)
-        # the first candidate with the least work, then the longest hit, then the lowest load; and its ties
-        ties = [0]
-        top = (work[0], -hits[0], loads[0])
-        for i in range(1, len(candidates)):
-            rank = (work[i], -hits[i], loads[i])
-            if rank < top:
-                ties, top = [i], rank
-            elif rank == top:
-                ties.append(i)
-        first = ties[0] if len(ties) == 1 else max(ties, key=lambda i: hrw(k, candidates[i].name))
+        # the least work, then the longest hit, then the lowest load; ties to rendezvous
+        ranks = [(work[i], -hits[i], loads[i]) for i in range(len(candidates))]
+        first = argmin(ranks, k, lambda i: candidates[i].name)
         if loads[first] <= bound:
             return Decision(candidates[first].name, "affinity" if hits[first] == best_hit else "spill", hits[first])
         # over the bound: walk down the same ranking; a hot prefix spreads to the least loaded

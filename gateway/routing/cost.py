@@ -14,8 +14,7 @@ import random
 from collections.abc import Sequence
 
 from .base import BackendView, Decision, RouteRequest, Snapshot
-from .hashing import hrw
-from .scoring import LoadBounded, cost_rank, hits_for
+from .scoring import LoadBounded, argmin, cost_rank, hits_for
 
 
 class Cost(LoadBounded):
@@ -36,15 +35,6 @@ class Cost(LoadBounded):
             loads = [load for load in loads if load <= bound]
         features = req.features
         hits = hits_for(snapshot, features, acceptable)
-        # `scoring.pick` over (cost band, -hit, load), inlined: the smallest key, ties to rendezvous
-        ties: list[int] = []
-        best_key: tuple[float, ...] = ()
-        for i, v in enumerate(acceptable):
-            k = (*cost_rank(v), -hits[i], loads[i])
-            if not ties or k < best_key:
-                best_key, ties = k, [i]
-            elif k == best_key:
-                ties.append(i)
-        key = features.affinity_key
-        chosen = ties[0] if len(ties) == 1 or key is None else max(ties, key=lambda i: hrw(key, acceptable[i].name))
+        ranks = [(*cost_rank(v), -hits[i], loads[i]) for i, v in enumerate(acceptable)]
+        chosen = argmin(ranks, features.affinity_key, lambda i: acceptable[i].name)
         return Decision(acceptable[chosen].name, "cost", hits[chosen])

@@ -99,22 +99,16 @@ def by_rendezvous(candidates: Sequence[BackendView], key: int) -> list[BackendVi
     return sorted(candidates, key=lambda v: hrw(key, v.name), reverse=True)
 
 
-def pick(
-    candidates: Sequence[BackendView], primary: Callable[[BackendView], tuple[float, ...]], key: int | None
-) -> BackendView:
-    """The candidate with the smallest `primary` key; ties go to the highest rendezvous score for
-    `key` (computed for the tied candidates only), or to config order without a key."""
-    best: list[BackendView] = []
-    best_key: tuple[float, ...] | None = None
-    for view in candidates:
-        k = primary(view)
-        if best_key is None or k < best_key:
-            best, best_key = [view], k
-        elif k == best_key:
-            best.append(view)
-    if len(best) == 1 or key is None:
-        return best[0]
-    return max(best, key=lambda v: hrw(key, v.name))
+def argmin(ranks: Sequence[tuple[float, ...]], key: int | None, name: Callable[[int], str]) -> int:
+    """The index of the smallest rank: the one choice rule every policy shares. Ties go to the
+    highest rendezvous score of `key` over `name(i)` (computed for the tied only), or to the first
+    without a key, so replicas break ties alike."""
+    best = min(ranks)
+    first = ranks.index(best)
+    if key is None or ranks.count(best) == 1:  # the common case, all in C
+        return first
+    ties = [i for i in range(first, len(ranks)) if ranks[i] == best]
+    return max(ties, key=lambda i: hrw(key, name(i)))
 
 
 def walk(ranked: Sequence[BackendView], admissible: Callable[[BackendView], bool]) -> tuple[BackendView, bool]:

@@ -27,9 +27,8 @@ from backends.values import value
 
 from .affinity import PrefixAffinity
 from .base import UNIT_TOKENS, BackendView, Decision, Policy, RouteRequest, SlaTarget, Snapshot
-from .hashing import hrw
 from .latency import ITL_BUCKETS
-from .scoring import Prediction, cost_rank, hits_for
+from .scoring import Prediction, argmin, cost_rank, hits_for
 
 MAX_RETRY_AFTER_S = 60.0
 HEADROOM = 0.8
@@ -192,22 +191,15 @@ def miss(screen_: Screen, target: SlaTarget) -> Decision | None:
 
 
 def _best(predictions: Sequence[Prediction], key: int | None, *, cold: bool = False) -> Prediction:
-    """Longest prefix hit, then cost band, then load; ties to the rendezvous winner (`scoring.pick`).
+    """Longest prefix hit, then cost band, then load; ties to the rendezvous winner (`scoring.argmin`).
     Among cold backends load comes first: what they cost is not known yet, and an engine-reported
     queue is the one warning a cold backend gives."""
-    best: list[Prediction] = []
-    best_key: tuple[float, ...] | None = None
+    ranks: list[tuple[float, ...]] = []
     for p in predictions:
         v = p.view
         load = v.in_flight + (v.waiting or 0.0)
-        k = (load, -p.hit_tokens, *cost_rank(v)) if cold else (-p.hit_tokens, *cost_rank(v), load)
-        if best_key is None or k < best_key:
-            best, best_key = [p], k
-        elif k == best_key:
-            best.append(p)
-    if len(best) == 1 or key is None:
-        return best[0]
-    return max(best, key=lambda p: hrw(key, p.view.name))
+        ranks.append((load, -p.hit_tokens, *cost_rank(v)) if cold else (-p.hit_tokens, *cost_rank(v), load))
+    return predictions[argmin(ranks, key, lambda i: predictions[i].view.name)]
 
 
 class Sla:
