@@ -8,14 +8,13 @@ chunk. The gateway's CPU per request minus this one is what its logic costs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 
-import uvloop
 from aiohttp import web
 
 from backends.base import Endpoint
+from bench import naive_proxy
 from gateway.front import Front
 from gateway.reply import Reply
 from gateway.settings import Limits
@@ -54,11 +53,7 @@ async def serve(upstream: str, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--upstream", required=True)
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    uvloop.run(serve(args.upstream.rstrip("/"), args.port))
+    naive_proxy.main(serve, __doc__)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 import uvloop
@@ -39,12 +41,13 @@ async def serve(upstream: str, port: int) -> None:
     await asyncio.Event().wait()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(run: Callable[[str, int], Coroutine[Any, Any, None]] = serve, description: str | None = __doc__) -> None:
+    """`--upstream URL [--port N]` for this proxy, or for another baseline's `run(upstream, port)`."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    uvloop.run(serve(args.upstream.rstrip("/"), args.port))
+    uvloop.run(run(args.upstream.rstrip("/"), args.port))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ def new_request_id() -> str:
     return f"{_IDS.getrandbits(128):032x}"
 
 
+def request_id(client_value: str | None) -> str:
+    """The client's `x-request-id` when it is usable (printable, at most 128 characters: it is echoed
+    in headers and sent upstream), else a new one."""
+    if client_value and len(client_value) <= 128 and client_value.isprintable():
+        return client_value
+    return new_request_id()
+
+
 @dataclass(slots=True)
 class Exchange:
     """Mutable per-request bookkeeping, threaded through parsing, routing, retries and relaying."""

@@ -18,6 +18,7 @@ running requests finish for up to the drain timeout.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -31,7 +32,7 @@ from backends.base import Endpoint
 
 from .auth import Dispatch
 from .errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
-from .exchange import new_request_id
+from .exchange import request_id as choose_request_id
 from .settings import Limits
 
 log = logging.getLogger("gateway.front")
@@ -43,22 +44,13 @@ _HIGH_WATER = 256 * 1024  # buffered request bytes (pipelining) before reading p
 
 
 
-def _status_line(status: int) -> str:
+@functools.cache
+def status_line(status: int) -> str:
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:
         phrase = "Unknown"
     return f"HTTP/1.1 {status} {phrase}\r\n"
-
-
-_STATUS_LINES: dict[int, str] = {}
-
-
-def status_line(status: int) -> str:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = _STATUS_LINES[status] = _status_line(status)
-    return line
 
 
 def error_bytes(error: GatewayError, request_id: str | None = None, *, close: bool = True) -> bytes:
@@ -375,9 +367,7 @@ class FrontProtocol(asyncio.Protocol):
 
     async def _run(self, msg: _Message) -> None:
         reply = NativeReply(self, keep_alive=msg.keep_alive and not self._front.closing, http11=msg.http11)
-        request_id = msg.headers.get("x-request-id")
-        if not request_id or len(request_id) > 128 or not request_id.isprintable():
-            request_id = new_request_id()
+        request_id = choose_request_id(msg.headers.get("x-request-id"))
         assert msg.endpoint is not None
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:

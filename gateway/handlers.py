@@ -14,7 +14,7 @@ from backends.base import Endpoint
 
 from . import jsonx
 from .errors import BodyTooLarge, GatewayError, InvalidRequest
-from .exchange import new_request_id
+from .exchange import request_id as choose_request_id
 from .generation import Generations
 from .reply import AiohttpReply, Reply
 
@@ -88,7 +88,7 @@ class Handlers:
             self._generations.leave(generation)
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        request_id = request["request_id"] = request.headers.get("x-request-id") or new_request_id()
+        request_id = request["request_id"] = choose_request_id(request.headers.get("x-request-id"))
         reply = AiohttpReply(request)
         await self.generate(request.headers, await request.read(), endpoint, reply, request_id)
         assert reply.response is not None

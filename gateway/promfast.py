@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+C = TypeVar("C")
 
 
 class HistogramChild:
@@ -37,21 +40,34 @@ class HistogramChild:
         self.sum += total
 
 
-class FastHistogram:
-    """Register with a CollectorRegistry; `labels(*values)` returns a cached child."""
+class _Family(Generic[C]):
+    """A metric family to register with a CollectorRegistry; `labels(*values)` returns a cached child."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self.bounds = tuple(float(b) for b in buckets if not math.isinf(b))
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
+        self._children: dict[tuple[str, ...], C] = {}
 
-    def labels(self, *values: str) -> HistogramChild:
+    def _child(self) -> C:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> C:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = HistogramChild(self.bounds)
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self._children[values] = self._child()
         return child
+
+
+class FastHistogram(_Family[HistogramChild]):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+        super().__init__(name, documentation, labelnames)
+        self.bounds = tuple(float(b) for b in buckets if not math.isinf(b))
+
+    def _child(self) -> HistogramChild:
+        return HistogramChild(self.bounds)
 
     def describe(self) -> list[HistogramMetricFamily]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
@@ -80,22 +96,11 @@ class CounterChild:
         self.value += amount
 
 
-class FastCounter:
-    """A counter family (`<name>_total`); `labels(*values)` returns a cached child."""
+class FastCounter(_Family[CounterChild]):
+    """Exposed as `<name>_total`."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], CounterChild] = {}
-
-    def labels(self, *values: str) -> CounterChild:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = CounterChild()
-        return child
+    def _child(self) -> CounterChild:
+        return CounterChild()
 
     def describe(self) -> list[CounterMetricFamily]:
         return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
