@@ -1,8 +1,10 @@
 """`python -m bench overhead [--quick] [--peers]`: what the gateway costs over a direct call.
 
-Against a cheap upstream (nginx on loopback serving canned vLLM answers) we compare three targets side
-by side in every repetition: **direct** (nginx itself), **gateway** (`python -m gateway serve`, one
-vLLM backend) and **naive** (bench/naive_proxy.py, a bare aiohttp reverse proxy). Measured: closed-loop
+Against a cheap upstream (nginx on loopback serving canned vLLM answers) we compare targets side by
+side in every repetition: **direct** (nginx itself), **gateway** (`python -m gateway serve`, one vLLM
+backend, as `make install` builds it), **pure** (the same sources without the modules `make native`
+compiles), **naive** (bench/naive_proxy.py, a bare aiohttp reverse proxy) and **lean**
+(bench/lean_proxy.py, the gateway's HTTP layers without its logic). Measured: closed-loop
 throughput and latency with wrk at fixed concurrency, the target's CPU time per request (from
 /proc/<pid>/stat), open-loop latency at fixed rates, streaming CPU per relayed chunk, added time to
 first token, 10,000 concurrent slow streams through one gateway worker, and a py-spy profile.
@@ -111,6 +113,13 @@ def source_digest() -> str:
     return h.hexdigest()[:12]
 
 
+def _build() -> str:
+    from gateway import native
+
+    n = len(native.compiled())
+    return f"native: {n} modules compiled by mypyc (`make native`)" if n else "pure Python (no `make native`)"
+
+
 def machine_info(argv: list[str]) -> dict[str, Any]:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), "?")
@@ -120,7 +129,7 @@ def machine_info(argv: list[str]) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _sh("git", "rev-parse", "--short", "HEAD") + (" (dirty tree)" if _sh("git", "status", "--porcelain",
                                                                                        "gateway", "backends") else ""),
-        "source_digest": source_digest(), "nproc": _sh("nproc"), "cpu": model,
+        "source_digest": source_digest(), "nproc": _sh("nproc"), "cpu": model, "build": _build(),
         "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
         "python": sys.version.split()[0], "aiohttp": aiohttp.__version__,
         "nginx": _sh("/usr/sbin/nginx", "-v") or subprocess.run([procs.NGINX, "-v"], capture_output=True,
@@ -223,6 +232,11 @@ def _run(plan: Plan, args: argparse.Namespace, res: Results, out: Path, tmp: Pat
     started.append(gw)
     gw_sse = Gateway("gateway-sse", nginx.sse_url, tmp)
     started.append(gw_sse)
+    pure: list[Gateway] = []
+    if (sources := procs.pure_sources(tmp)) is not None:  # the same gateway without `make native`
+        pure = [Gateway(name, url, tmp, sources=sources)
+                for name, url in (("pure", nginx.json_url), ("pure-sse", nginx.sse_url))]
+        started.extend(pure)
     naive = PyServer("naive", "bench.naive_proxy", ["--upstream", nginx.json_url], tmp)
     started.append(naive)
     naive_sse = PyServer("naive-sse", "bench.naive_proxy", ["--upstream", nginx.sse_url], tmp)
@@ -241,6 +255,9 @@ def _run(plan: Plan, args: argparse.Namespace, res: Results, out: Path, tmp: Pat
                       Target("gateway", gw_sse.url, cpu_of(gw_sse.pid)),
                       Target("naive", naive_sse.url, cpu_of(naive_sse.pid)),
                       Target("lean", lean_sse.url, cpu_of(lean_sse.pid))]
+    if pure:
+        targets.insert(2, Target("pure", pure[0].url, cpu_of(pure[0].pid)))
+        stream_targets.insert(2, Target("pure", pure[1].url, cpu_of(pure[1].pid)))
     for t in targets:
         _check(t.url, CHAT_BODY, stream=False)
     for t in stream_targets:
@@ -316,7 +333,7 @@ def _run(plan: Plan, args: argparse.Namespace, res: Results, out: Path, tmp: Pat
         try:
             res.peers, notes = peers.measure(nginx=nginx, tmp=tmp, body=chat_file, script=script,
                                              plan_runs=plan.runs, duration_s=min(plan.duration_s, 5),
-                                             gateway=targets[1], naive=targets[2])
+                                             gateway=targets[1], naive=next(t for t in targets if t.name == "naive"))
             res.notes.extend(notes)
         except Exception as exc:  # peers are optional: never lose the main results to them
             res.notes.append(f"peers failed: {type(exc).__name__}: {exc}")

@@ -75,12 +75,12 @@ class Proc:
     """A child process in its own session, stopped by pid (SIGTERM, then SIGKILL)."""
 
     def __init__(self, name: str, argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None,
-                 stdout_pipe: bool = False) -> None:
+                 stdout_pipe: bool = False, cwd: Path = ROOT) -> None:
         self.name = name
         self.log_path = log
         self._log = log.open("w")
         self.proc = subprocess.Popen(
-            list(argv), cwd=ROOT, stdout=subprocess.PIPE if stdout_pipe else self._log, stderr=self._log,
+            list(argv), cwd=cwd, stdout=subprocess.PIPE if stdout_pipe else self._log, stderr=self._log,
             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True,
         )
 
@@ -157,16 +157,30 @@ def gateway_config(upstream_url: str, *, model: str = "moe") -> dict[str, Any]:
     }
 
 
-class Gateway:
-    """`python -m gateway serve` with one vLLM backend, exactly as a user runs it."""
+def pure_sources(tmp: Path) -> Path | None:
+    """A copy of the gateway's sources without the modules `make native` compiled (None when nothing
+    is compiled: the gateway already runs as pure Python)."""
+    if not any(any((ROOT / package).rglob("*.so")) for package in ("gateway", "backends")):
+        return None
+    dest = tmp / "pure-sources"
+    for package in ("gateway", "backends"):
+        shutil.copytree(ROOT / package, dest / package, ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+                        dirs_exist_ok=True)
+    return dest
 
-    def __init__(self, name: str, upstream_url: str, tmp: Path) -> None:
+
+class Gateway:
+    """`python -m gateway serve` with one vLLM backend, exactly as a user runs it (from `sources`, a
+    copy of the gateway's packages, when given)."""
+
+    def __init__(self, name: str, upstream_url: str, tmp: Path, *, sources: Path | None = None) -> None:
         self.name = name
         config = tmp / f"{name}.yaml"
         config.write_text(yaml.safe_dump(gateway_config(upstream_url)))
         self.config_path = config
         self.proc = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(config),
-                                "--log-level", "WARNING"], log=tmp / f"{name}.log", stdout_pipe=True)
+                                "--log-level", "WARNING"], log=tmp / f"{name}.log", stdout_pipe=True,
+                         cwd=sources or ROOT, env={"PYTHONPATH": str(sources)} if sources else None)
         self.url = self.proc.read_line("gateway listening on ").split()[-1]
 
     @property

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("direct", "gateway", "naive", "lean")
+TARGETS = ("direct", "gateway", "pure", "naive", "lean")
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
 
 
@@ -66,6 +66,8 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         table[(target, c)]["errors"] = sum(r["errors"] for r in rows)
         table[(target, c)]["runs"] = len(rows)
     per_core = {c: _ratio(closed, "req_per_cpu_s", "gateway", "naive", c=c) for c in cs}
+    per_core_pure = {c: _ratio(closed, "req_per_cpu_s", "pure", "naive", c=c) for c in cs}
+    native_gain = {c: _ratio(closed, "cpu_us_per_req", "pure", "gateway", c=c) for c in cs}
     logic = {c: _diff(closed, "cpu_us_per_req", "gateway", "lean", c=c) for c in cs}
     direct_over_gw = {c: _ratio(closed, "rps", "direct", "gateway", c=c) for c in cs}
     added = {c: (_diff(closed, "p50_ms", "gateway", "direct", c=c),
@@ -79,7 +81,8 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
     names = res["ttft"].get("names", {})
     for url, stats in res["ttft"].get("targets", {}).items():
         ttft[names.get(url, url)] = stats
-    return {"cs": cs, "table": table, "per_core": per_core, "logic": logic, "direct_over_gw": direct_over_gw,
+    return {"cs": cs, "table": table, "per_core": per_core, "per_core_pure": per_core_pure,
+            "native_gain": native_gain, "logic": logic, "direct_over_gw": direct_over_gw,
             "added": added, "stream": stream, "ttft": ttft}
 
 
@@ -106,11 +109,23 @@ def _targets_table(res: dict[str, Any], s: dict[str, Any]) -> list[str]:
         return "–" if ok is None else ("**met**" if ok else "**missed**")
 
     rows = [
-        (f"non-streaming gateway CPU per request (c={mid})", "≤ 120 µs", f"{_f(gw_cpu)} µs",
+        (f"non-streaming gateway CPU per request, as built by `make install` (c={mid})", "≤ 120 µs",
+         f"{_f(gw_cpu)} µs",
          verdict(None if gw_cpu is None else gw_cpu <= 120)),
         (f"throughput per core, gateway / naive proxy (c={mid})", "≥ 1.8×", f"{_f(ratio, '.2f')}×",
          verdict(None if ratio is None else ratio >= 1.8)),
         (f"errors at c={hi} (gateway)", "0", str(errs), verdict(None if errs is None else errs == 0)),
+    ]
+    pure_cpu = t.get(("pure", mid), {}).get("cpu_us_per_req")
+    if pure_cpu is not None:  # the same two targets for the build without `make native`, for comparison
+        pure_ratio = s["per_core_pure"].get(mid)
+        rows += [
+            (f"the same CPU per request, pure-Python build (c={mid})", "≤ 120 µs", f"{_f(pure_cpu)} µs",
+             verdict(pure_cpu <= 120)),
+            (f"the same throughput per core, pure-Python build / naive (c={mid})", "≥ 1.8×",
+             f"{_f(pure_ratio, '.2f')}×", verdict(None if pure_ratio is None else pure_ratio >= 1.8)),
+        ]
+    rows += [
         ("streaming gateway CPU per relayed chunk", "≤ 10 µs", f"{_f(chunk)} µs",
          verdict(None if chunk is None else chunk <= 10)),
         ("added TTFT p50 at low load (gateway − direct)", "< 0.3 ms", f"{_f(added_ttft, '.3f')} ms",
@@ -139,10 +154,13 @@ def markdown(res: dict[str, Any], s: dict[str, Any]) -> str:
         f"load average before: {' '.join(m['loadavg_before'])}, after: {' '.join(m.get('loadavg_after', ['?']))} |",
         f"| software | Python {m['python']}, aiohttp {m['aiohttp']}, {m['nginx']}, {m['wrk']} |",
         f"| plan | {plan['runs']} run(s) × {plan['duration_s']:g} s per point, targets interleaved in every run; "
-        "figures are medians over runs, ratios are per-run ratios' medians |", "",
+        "figures are medians over runs, ratios are per-run ratios' medians |",
+        f"| gateway build | {m.get('build', '?')} |", "",
         "Targets: **direct** = nginx (1 worker) serving canned vLLM 0.32.0 bodies on loopback; **gateway** = "
         "`python -m gateway serve` (one process, one `vllm` backend pointing at nginx, `health.interval_s: 5`, "
-        "route model `moe`); **naive** = `bench/naive_proxy.py`, a bare aiohttp + uvloop reverse proxy; "
+        "route model `moe`), as `make install` builds it; **pure** = the same gateway from a copy of its sources "
+        "without the compiled modules (present only when the gateway under test is compiled); "
+        "**naive** = `bench/naive_proxy.py`, a bare aiohttp + uvloop reverse proxy; "
         "**lean** = `bench/lean_proxy.py`, the gateway's own HTTP layers (native front + upstream client) with "
         "no parsing, routing or accounting, so gateway − lean is what the gateway's logic costs. "
         "CPU is utime+stime of the target process from `/proc/<pid>/stat` (nginx: master + worker) over the run.",
@@ -161,12 +179,14 @@ def markdown(res: dict[str, Any], s: dict[str, Any]) -> str:
                              f"{_f(r['req_per_cpu_s'], '.0f')} | {_f(100 * (r['cpu_util'] or 0), '.0f')}% | "
                              f"{_f(100 * (r['wrk_cpu_util'] or 0), '.0f')}% | {_other(r)} |")
     lines += ["", "| c | gateway/naive throughput per core | direct/gateway req/s | added p50 ms (gateway − direct) | "
-              "added p99 ms | naive − direct p50 ms | gateway logic µs/req (gateway − lean) |",
-              "|---:|---:|---:|---:|---:|---:|---:|"]
+              "added p99 ms | naive − direct p50 ms | gateway logic µs/req (gateway − lean) "
+              "| CPU per request, pure / gateway |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cs:
         a50, a99, n50 = s["added"][c]
         lines.append(f"| {c} | {_f(s['per_core'][c], '.2f')}× | {_f(s['direct_over_gw'][c], '.1f')}× | "
-                     f"{_f(a50, '.3f')} | {_f(a99, '.3f')} | {_f(n50, '.3f')} | {_f(s['logic'].get(c))} |")
+                     f"{_f(a50, '.3f')} | {_f(a99, '.3f')} | {_f(n50, '.3f')} | {_f(s['logic'].get(c))} | "
+                     f"{_f(s['native_gain'].get(c), '.2f')}× |")
     lines += ["", "Is wrk the bottleneck? Compare wrk's own CPU with the target's (above) and the direct/gateway "
               "throughput ratio: direct-to-nginx throughput is the ceiling of the load generator plus upstream "
               "on this machine. CPU columns are in % of one core: the target process (nginx for direct), wrk itself, "
@@ -259,7 +279,7 @@ def plots(s: dict[str, Any], out: Path) -> None:
     for key, fname, ylabel, log in (("rps", "throughput-vs-concurrency.png", "requests/s (median, log scale)", True),
                                     ("p99_ms", "p99-vs-concurrency.png", "p99 latency, ms (median)", True)):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for name, style in zip(TARGETS, ("o-", "s-", "^-", "d-"), strict=True):
+        for name, style in zip(TARGETS, ("o-", "s-", "s--", "^-", "d-"), strict=True):
             xs = [c for c in cs if (name, c) in t]
             ax.plot(xs, [t[(name, c)][key] for c in xs], style, label=name)
         ax.set_xscale("log", base=2)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CollectorRegistry
 
 from backends.base import Adapter
@@ -41,6 +42,17 @@ GENERATIONS = web.AppKey("generations", Generations)
 RELOADER = web.AppKey("reloader", Reloader)
 METRICS_APP = web.AppKey("metrics_app", web.Application)
 DISPATCH: web.AppKey[Dispatch] = web.AppKey("dispatch")  # the generation endpoints, for the native front
+
+
+def _marked(middleware: Middleware) -> Middleware:
+    """aiohttp recognises a middleware by an attribute it sets on the function, which compiled
+    functions (`make native`) cannot carry: the mark goes on this plain wrapper instead."""
+
+    @web.middleware
+    async def marked(request: web.Request, handler: Handler) -> web.StreamResponse:
+        return await middleware(request, handler)
+
+    return marked
 
 
 def build_pool(settings: Settings, secrets: Secrets | None = None) -> Pool:
@@ -111,7 +123,8 @@ async def build_app(
     reloader = Reloader(generations, build_generation, config_path)
 
     app = web.Application(
-        middlewares=[error_middleware, guard.middleware], client_max_size=settings.limits.max_body_bytes
+        middlewares=[_marked(error_middleware), _marked(guard.middleware)],
+        client_max_size=settings.limits.max_body_bytes,
     )
     app[SETTINGS] = settings
     app[POOL] = generations.current.pool
@@ -128,7 +141,7 @@ async def build_app(
     install_openapi(app)
     DashboardHandlers(Comparer(stats), clock).install(app)
     if separate_metrics:
-        metrics_app = web.Application(middlewares=[error_middleware])
+        metrics_app = web.Application(middlewares=[_marked(error_middleware)])
         metrics_app.router.add_get("/metrics", handlers.metrics)
         app[METRICS_APP] = metrics_app
 

@@ -139,7 +139,6 @@ class Guard:
             if isinstance(model, str) and not model_allowed(key, model):
                 raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
 
-    @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path in PUBLIC_PATHS:

@@ -40,23 +40,22 @@ def _error_response(exc: GatewayError, request: web.Request) -> web.Response:
     return response
 
 
-@web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except GatewayError as exc:
-        return _error_response(exc, request)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error_response(BodyTooLarge(f"Request body too large: {exc.text}"), request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    except GatewayError as failure:
+        return _error_response(failure, request)
+    except web.HTTPRequestEntityTooLarge as too_large:
+        return _error_response(BodyTooLarge(f"Request body too large: {too_large.text}"), request)
+    except web.HTTPException as http:
+        if http.status < 400:
             raise
-        error = GatewayError(exc.reason if exc.status != 404 else f"Unknown path: {request.path}")
-        error.status = exc.status
-        error.type = _HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error")
+        error = GatewayError(http.reason if http.status != 404 else f"Unknown path: {request.path}")
+        error.status = http.status
+        error.type = _HTTP_ERROR_TYPES.get(http.status, "invalid_request_error")
         response = _error_response(error, request)
-        if exc.status == 405 and "Allow" in exc.headers:
-            response.headers["Allow"] = exc.headers["Allow"]
+        if http.status == 405 and "Allow" in http.headers:
+            response.headers["Allow"] = http.headers["Allow"]
         return response
     except UnicodeDecodeError:
         return _error_response(InvalidRequest("Request body is not valid UTF-8."), request)

@@ -97,15 +97,15 @@ def map_client_errors(backend: str) -> Iterator[None]:
     """Re-raise upstream client failures as BackendError subclasses."""
     try:
         yield
-    except TimeoutError as exc:
-        raise BackendTimeout(backend, "no response in time") from exc
-    except UpstreamProtocolError as exc:
-        raise BackendProtocolError(backend, str(exc)) from exc
-    except UpstreamLocalExhaustion as exc:  # ours, not the backend's: no failure counted, no retry
-        log.error("cannot open an upstream connection: %s", exc)
-        raise GatewayOverloaded("The gateway is out of connections; try again shortly.") from exc
-    except UpstreamConnectError as exc:
-        raise BackendConnectError(backend, str(exc)) from exc
+    except TimeoutError as timeout:
+        raise BackendTimeout(backend, "no response in time") from timeout
+    except UpstreamProtocolError as broken:
+        raise BackendProtocolError(backend, str(broken)) from broken
+    except UpstreamLocalExhaustion as exhausted:  # ours, not the backend's: no failure counted, no retry
+        log.error("cannot open an upstream connection: %s", exhausted)
+        raise GatewayOverloaded("The gateway is out of connections; try again shortly.") from exhausted
+    except UpstreamConnectError as refused:
+        raise BackendConnectError(backend, str(refused)) from refused
 
 
 def _first_event(data: bytes) -> tuple[bytes, bytes]:
@@ -184,8 +184,8 @@ class Proxy:
             ex.model = parsed.model
             try:
                 ex.features = describe(parsed.request.body, endpoint, headers)
-            except BadRoutingHeader as exc:
-                raise InvalidRequest(str(exc), param=exc.header) from exc
+            except BadRoutingHeader as bad:
+                raise InvalidRequest(str(bad), param=bad.header) from bad
             candidates = self._candidates(route, ex)
             opened = await self._open_with_retries(route, ex, candidates)
         except GatewayError as exc:
@@ -250,16 +250,16 @@ class Proxy:
             ex.sent_at = self._clock()
             try:
                 opened = await self._open(state, parsed, ex.request_id)
-            except BaseException as exc:  # incl. cancellation: every dispatched ticket is closed once
+            except BaseException as failure:  # incl. cancellation: every dispatched ticket is closed once
                 assert ex.ticket is not None
                 # the engine did work unless it refused outright (connect error, 429/503, 4xx, bad input)
-                reached = isinstance(exc, BackendError) and not isinstance(
-                    exc, BackendConnectError | BackendOverloaded
+                reached = isinstance(failure, BackendError) and not isinstance(
+                    failure, BackendConnectError | BackendOverloaded
                 )
                 self.routing.failed(ex.ticket, reached_engine=reached)
                 ex.ticket = None
-                if isinstance(exc, BackendError):
-                    ex.error = exc
+                if isinstance(failure, BackendError):
+                    ex.error = failure
                 raise
             if parsed.request.stream and ex.ticket is not None:
                 self.routing.first_token(ex.ticket, self._clock() - ex.sent_at)
@@ -309,8 +309,8 @@ class Proxy:
         adapter = state.adapter
         try:
             upstream = adapter.build_request(parsed.request, model=state.config.model, request_id=request_id)
-        except TranslationError as exc:
-            raise InvalidRequest(str(exc)) from exc
+        except TranslationError as untranslatable:
+            raise InvalidRequest(str(untranslatable)) from untranslatable
         stream = parsed.request.stream
         timeouts = self._timeouts
         state.in_flight += 1
@@ -399,8 +399,8 @@ class Proxy:
             if out:
                 try:
                     await reply.write(out)
-                except ConnectionError as exc:
-                    raise ClientGone from exc
+                except ConnectionError as gone:
+                    raise ClientGone from gone
 
         try:
             try:

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 from aiohttp import web
 
+from . import native
 from .app import DISPATCH, GENERATIONS, METRICS_APP, RELOADER, build_app
 from .front import Front
 from .lowlevel import GatewayRunner
@@ -173,6 +174,7 @@ async def _start_worker(
         metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
         worker.runners.append(metrics_runner)
     _tune_gc()
+    log.info("build: %s", native.describe())
     print(f"gateway listening on {url}", flush=True)
     if metrics_url is not None:
         print(f"metrics on {metrics_url}", flush=True)

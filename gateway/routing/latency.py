@@ -68,7 +68,11 @@ def fill_buckets(observed: list[float | None]) -> tuple[float | None, ...]:
     seen = [i for i, v in enumerate(observed) if v is not None]
     if not seen:
         return (None,) * len(observed)
-    return tuple(observed[min(seen, key=lambda i: (abs(i - b), -i))] for b in range(len(observed)))
+    filled = []
+    for b in range(len(observed)):
+        _, larger_first = min((abs(i - b), -i) for i in seen)
+        filled.append(observed[-larger_first])
+    return tuple(filled)
 
 
 UNKNOWN = LatencyModel()

@@ -57,11 +57,8 @@ class Screen:
         if self.feasible or self.probes or not self.unknown:
             return self.feasible or self.probes
         inf = math.inf
-        best = min(
-            range(len(self.unknown)),
-            key=lambda i: (inf if self.unknown[i].ttft_s is None else self.unknown[i].ttft_s, self.pending[i]),
-        )
-        return (self.unknown[best],)
+        keys = [(inf if p.ttft_s is None else p.ttft_s, n) for p, n in zip(self.unknown, self.pending, strict=True)]
+        return (self.unknown[keys.index(min(keys))],)
 
 
 def screen(
@@ -237,7 +234,7 @@ def decide(
     the `sla` policy's miss handling ("sla_miss" best effort, or a strict reject).
     """
     target = req.features.sla
-    if target is None or policy.name == Sla.name:
+    if target is None or isinstance(policy, Sla):
         return policy.choose(req, snapshot, rng)
     verdict = screen(req, snapshot, target, headroom=headroom)
     pool = verdict.pool
