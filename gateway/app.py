@@ -94,11 +94,6 @@ async def build_app(
     stats = StatsBook(settings, started_at=clock(), weights=weights)
     routing = RoutingState()  # prefix memory and latency estimators outlive config generations
 
-    def throughput(backend: str) -> float | None:
-        """The best output tokens/s the backend has shown (over 10 s), for the cost policy."""
-        group = stats.backends.get(backend)
-        return group.series.peak_output_tps or None if group is not None else None
-
     limiter = KeyLimiter(clock)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record])
     guard = Guard(generations, limiter, recorder, registry, clock=clock)
@@ -114,7 +109,8 @@ async def build_app(
         pool = build_pool(settings, secrets)
         upstream.connect_timeout_s = settings.timeouts.connect_s
         proxy = Proxy(
-            settings, pool, recorder, upstream, clock=clock, rng=rng, routing=routing, throughput=throughput
+            settings, pool, recorder, upstream, clock=clock, rng=rng, routing=routing,
+            throughput=stats.peak_output_tps,
         )
         poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
         return Generation(number, settings, secrets, pool, proxy, poller)

@@ -29,10 +29,14 @@ class BackendState:
     load_scraped_at: float | None = None
     probed_at: float | None = None
     last_error: str | None = None
+    name: str = field(init=False)  # the config's, read once: the request path reads these on every request
+    runtime: str = field(init=False)
+    base_url: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.config.name
+    def __post_init__(self) -> None:
+        self.name = self.config.name
+        self.runtime = self.config.runtime.value
+        self.base_url = self.config.base_url
 
     @property
     def healthy(self) -> bool:

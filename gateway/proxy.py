@@ -14,7 +14,6 @@ reported, so the next decision knows more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -28,7 +27,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from backends.base import Endpoint, ErrorBody, TranslationError, UpstreamFormatError, Usage
 
-from .deadline import Deadline
+from .deadline import Deadlines
 from .errors import (
     BackendConnectError,
     BackendError,
@@ -77,6 +76,10 @@ class RouteState:
     policy: Policy
     split: LiveSplit | None = None
     seq: Iterator[int] = field(default_factory=itertools.count)
+    candidates: list[str] = field(init=False)  # every backend of the route, in config order (read-only)
+
+    def __post_init__(self) -> None:
+        self.candidates = self.config.candidates
 
 
 @dataclass(slots=True)
@@ -92,20 +95,28 @@ class ClientGone(Exception):
     """The client closed its connection while we were writing to it."""
 
 
-@contextlib.contextmanager
-def map_client_errors(backend: str) -> Iterator[None]:
+class map_client_errors:  # used like the function it was; a class builds no generator per request
     """Re-raise upstream client failures as BackendError subclasses."""
-    try:
-        yield
-    except TimeoutError as timeout:
-        raise BackendTimeout(backend, "no response in time") from timeout
-    except UpstreamProtocolError as broken:
-        raise BackendProtocolError(backend, str(broken)) from broken
-    except UpstreamLocalExhaustion as exhausted:  # ours, not the backend's: no failure counted, no retry
-        log.error("cannot open an upstream connection: %s", exhausted)
-        raise GatewayOverloaded("The gateway is out of connections; try again shortly.") from exhausted
-    except UpstreamConnectError as refused:
-        raise BackendConnectError(backend, str(refused)) from refused
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        backend = self.backend
+        if isinstance(exc, TimeoutError):
+            raise BackendTimeout(backend, "no response in time") from exc
+        if isinstance(exc, UpstreamProtocolError):
+            raise BackendProtocolError(backend, str(exc)) from exc
+        if isinstance(exc, UpstreamLocalExhaustion):  # ours, not the backend's: no failure counted, no retry
+            log.error("cannot open an upstream connection: %s", exc)
+            raise GatewayOverloaded("The gateway is out of connections; try again shortly.") from exc
+        if isinstance(exc, UpstreamConnectError):
+            raise BackendConnectError(backend, str(exc)) from exc
 
 
 def _first_event(data: bytes) -> tuple[bytes, bytes]:
@@ -150,6 +161,7 @@ class Proxy:
         self.routing = routing if routing is not None else RoutingState()
         self._shadows: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()  # built inside the loop it serves
+        self._deadlines = Deadlines(self._loop)
 
     @property
     def route_models(self) -> list[str]:
@@ -207,7 +219,7 @@ class Proxy:
     def _candidates(self, route: RouteState, ex: Exchange) -> list[str]:
         split = route.split
         if split is None:
-            return route.config.candidates
+            return route.candidates
         healthy = {s.name for s in self._pool if s.healthy}
         choice = split.choose(ex.features.sticky_key, healthy, self._rng)
         if choice is None:
@@ -293,7 +305,7 @@ class Proxy:
 
     def _count_retry(self, exc: BackendError) -> None:
         state = self._pool[exc.backend]
-        self._recorder.retry(state.name, state.config.runtime.value, type(exc).__name__)
+        self._recorder.retry(state.name, state.runtime, type(exc).__name__)
 
     @staticmethod
     def _exhausted(exc: BackendError) -> GatewayError:
@@ -316,10 +328,10 @@ class Proxy:
         state.in_flight += 1
         resp: UpstreamResponse | None = None
         try:
-            deadline = Deadline(timeouts.first_token_s if stream else timeouts.total_s, self._loop)
+            deadline = self._deadlines.after(timeouts.first_token_s if stream else timeouts.total_s)
             with map_client_errors(state.name), deadline:
                 resp = await self._upstream.request(
-                    state.config.base_url, "POST", upstream.path, upstream.headers, upstream.body
+                    state.base_url, "POST", upstream.path, upstream.headers, upstream.body
                 )
                 if resp.status >= 400:
                     self._upstream_error(state, resp.status, await resp.read())
@@ -342,13 +354,13 @@ class Proxy:
             self._failed(state, f"status {status}")
         raise UpstreamError(
             status, error,
-            headers={"x-gateway-backend": state.name, "x-gateway-runtime": state.config.runtime.value},
+            headers={"x-gateway-backend": state.name, "x-gateway-runtime": state.runtime},
         )
 
     def _failed(self, state: BackendState, detail: str) -> None:
         if self._pool.record_failure(state.name, self._clock(), detail):
             log.warning("backend %s ejected after repeated failures: %s", state.name, detail)
-            self._recorder.ejected(state.name, state.config.runtime.value)
+            self._recorder.ejected(state.name, state.runtime)
             self.routing.forget(state.name)  # whatever it cached may be gone by the time it returns
 
     # -- relaying ------------------------------------------------------------------------------
@@ -357,7 +369,7 @@ class Proxy:
         headers = {
             "Content-Type": content_type,
             "x-gateway-backend": state.name,
-            "x-gateway-runtime": state.config.runtime.value,
+            "x-gateway-runtime": state.runtime,
             "x-gateway-route-reason": ex.decision.reason if ex.decision else NONE,
             "x-request-id": ex.request_id,
         }
@@ -412,7 +424,7 @@ class Proxy:
                 if rest:
                     await send(rest)
                 remaining = self._timeouts.total_s - (clock() - ex.started)
-                with map_client_errors(state.name), Deadline(max(remaining, 0.001), self._loop):
+                with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
                     async for data in opened.resp:
                         await send(data)
                 if translator is not None:
@@ -469,7 +481,7 @@ class Proxy:
         self._recorder.record(
             Outcome(
                 state.name if state else NONE,
-                state.config.runtime.value if state else NONE,
+                state.runtime if state else NONE,
                 ex.model,
                 status,
                 duration,

@@ -107,6 +107,11 @@ class StatsBook:
         self.arms = arms
         self.total = replace(self.total, backends=tuple(b.name for b in settings.backends))
 
+    def peak_output_tps(self, backend: str) -> float | None:
+        """The best output tokens/s `backend` has shown (over 10 s), for the cost policy."""
+        group = self.backends.get(backend)
+        return group.series.peak_output_tps or None if group is not None else None
+
     def record(self, o: Outcome) -> None:
         sample = to_sample(o)
         targets = [self.total]
