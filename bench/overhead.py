@@ -213,8 +213,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         for p in reversed(started):
             p.stop()
-    (out / "overhead.json").write_bytes(orjson.dumps(asdict(res), option=orjson.OPT_INDENT_2))
     res.meta["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    (out / "overhead.json").write_bytes(orjson.dumps(asdict(res), option=orjson.OPT_INDENT_2))
     report.write(asdict(res), out)
     print(f"results: {out / 'overhead.md'}")
     return 0

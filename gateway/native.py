@@ -18,28 +18,34 @@ class StaleNativeBuild(ImportError):
     pass
 
 
-def _extensions() -> list[Path]:
-    return [so for package in _PACKAGES for so in (_ROOT / package).rglob("*.so")]
+def _pairs(root: Path) -> list[tuple[Path, Path]]:
+    """(compiled module, its source) under `root`'s packages; the shared library has no source."""
+    pairs = []
+    for package in _PACKAGES:
+        for so in (root / package).rglob("*.so"):
+            source = so.with_name(so.name.split(".", 1)[0] + ".py")
+            if source.exists():
+                pairs.append((so, source))
+    return pairs
 
 
-def compiled() -> list[str]:
-    """Sources that have a compiled module beside them, relative to the project root."""
-    sources = (so.with_name(so.name.split(".", 1)[0] + ".py") for so in _extensions())
-    return sorted(str(source.relative_to(_ROOT)) for source in sources if source.exists())
+def compiled(root: Path = _ROOT) -> list[str]:
+    """Sources that have a compiled module beside them, relative to `root`."""
+    return sorted(str(source.relative_to(root)) for _, source in _pairs(root))
 
 
-def stale() -> list[str]:
-    """Sources edited after their compiled module was built, relative to the project root."""
-    out = []
-    for so in _extensions():
-        source = so.with_name(so.name.split(".", 1)[0] + ".py")
-        if source.exists() and source.stat().st_mtime > so.stat().st_mtime:
-            out.append(str(source.relative_to(_ROOT)))
-    return sorted(out)
+def stale(root: Path = _ROOT) -> list[str]:
+    """Sources edited after their compiled module was built, relative to `root`."""
+    return sorted(str(source.relative_to(root)) for so, source in _pairs(root)
+                  if source.stat().st_mtime > so.stat().st_mtime)
 
 
-def check() -> None:
-    if names := stale():
+def check(root: Path = _ROOT) -> None:
+    """In a source checkout (where `make native` builds in place), refuse stale compiled modules. An
+    installed wheel is built once and its files carry installation times, so it is not checked."""
+    if not (root / "setup.py").exists():
+        return
+    if names := stale(root):
         raise StaleNativeBuild(
             f"compiled modules are older than their sources ({', '.join(names)}): run `make native` to "
             "rebuild them, or `make pure` to remove them and run the pure-Python sources"
