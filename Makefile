@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native pure run check test test-fast real-env system-deps bench clean
+.PHONY: install native pure run check test test-fast test-pure real-env system-deps bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tes
 
 test: install system-deps real-env check  ## everything CI runs: lint, types, unit, integration, emulator and real-vLLM tiers
 	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory test-pure
+
+# The tiers above run the compiled build; this runs the unit tier once more on a copy of the
+# sources without it (what runs where there is no C compiler). `shared/` is beside the project.
+test-pure: install  ## the unit tier against the pure-Python sources
+	rm -rf build/pure && mkdir -p build/pure && ln -sfn $(CURDIR)/../shared build/shared
+	cp -r gateway backends tests pyproject.toml README.md config docs build/pure/
+	find build/pure -name '*.so' -delete
+	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 
 test-fast: install  ## the tiers without real vLLM
 	$(VENV)/bin/pytest -m "not real"

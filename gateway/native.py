@@ -56,6 +56,7 @@ def describe() -> str:
     """'native (mypyc): N modules' or 'pure Python', from what was actually imported."""
     compiled = [
         name for name, module in list(sys.modules.items())
-        if name.split(".", 1)[0] in _PACKAGES and (getattr(module, "__file__", None) or "").endswith(".so")
+        if name.split(".", 1)[0] in _PACKAGES and not name.endswith("__mypyc")  # (the shared library)
+        and (getattr(module, "__file__", None) or "").endswith(".so")
     ]
     return f"native (mypyc): {len(compiled)} modules" if compiled else "pure Python"
