@@ -5,10 +5,14 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
-# GATEWAY_NATIVE=1: the request path compiled by mypyc (setup.py); the wheel's build needs mypy and gcc.
+# GATEWAY_NATIVE=1: the request path compiled by mypyc (setup.py). mypyc type-checks as it compiles,
+# so the build needs gcc, mypy, and the project's dependencies (for their types); the same steps were
+# run by hand in a plain venv, and the wheel they made served requests (`build: native (mypyc)`).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc && rm -rf /var/lib/apt/lists/* \
- && pip install --no-cache-dir --upgrade pip setuptools "mypy>=1.11" \
- && GATEWAY_NATIVE=1 pip wheel --no-cache-dir --no-build-isolation --wheel-dir /wheels .
+ && pip install --no-cache-dir --upgrade pip setuptools "mypy>=1.11" types-PyYAML \
+ && pip install --no-cache-dir . \
+ && GATEWAY_NATIVE=1 pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels . \
+ && pip wheel --no-cache-dir --wheel-dir /wheels /wheels/*.whl
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin gateway
