@@ -13,18 +13,21 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The request path compiled by mypyc (list and rationale: setup.py). Rebuilt whenever a source
-# changes, from scratch (mypyc's incremental mode fails on separately compiled modules); skipped,
-# with a note, where there is no C compiler (pure Python then runs, just slower).
+# changes, from scratch (mypyc's incremental mode fails on separately compiled modules). Without a
+# C compiler, or when the build fails (outside CI, where it is an error), the gateway runs as pure
+# Python, just slower, and says so.
 NATIVE_STAMP := $(VENV)/.native
 SOURCES      := setup.py $(wildcard gateway/*.py gateway/*/*.py backends/*.py)
 
 $(NATIVE_STAMP): $(STAMP) $(SOURCES)
-	@if command -v cc >/dev/null; then \
-		echo "compiling the request path with mypyc (about a minute; log: build/native.log)"; \
-		find gateway backends -name '*.so' -delete; rm -rf build && mkdir build && GATEWAY_NATIVE=1 $(PY) setup.py build_ext --inplace >build/native.log 2>&1 \
-			|| { tail -n 30 build/native.log; exit 1; }; \
-		find gateway backends -name '*.so' -exec touch {} +; \
-	else echo "no C compiler: the gateway runs as pure Python"; fi
+	@find gateway backends -name '*.so' -delete; rm -rf build && mkdir build
+	@if ! command -v cc >/dev/null; then echo "no C compiler: the gateway runs as pure Python"; \
+	else echo "compiling the request path with mypyc (about a minute; log: build/native.log)"; \
+		if GATEWAY_NATIVE=1 $(PY) setup.py build_ext --inplace >build/native.log 2>&1; then \
+			find gateway backends -name '*.so' -exec touch {} +; \
+		else tail -n 20 build/native.log; find gateway backends -name '*.so' -delete; \
+			echo "the native build failed (Python headers missing? Debian: python3-dev): the gateway runs as pure Python; to retry: make pure native"; \
+			if [ -n "$$CI" ]; then exit 1; fi; fi; fi
 	touch $(NATIVE_STAMP)
 
 native: $(NATIVE_STAMP)  ## compile the request path (done by install)
