@@ -34,7 +34,7 @@ native: $(NATIVE_STAMP)  ## compile the request path (done by install)
 
 pure:  ## remove the compiled modules: run the pure-Python sources (`make native` brings them back)
 	find gateway backends -name '*.so' -delete
-	rm -f *__mypyc*.so $(NATIVE_STAMP)
+	rm -f $(NATIVE_STAMP)
 
 install: $(STAMP) $(NATIVE_STAMP)
 

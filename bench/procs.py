@@ -160,7 +160,9 @@ def gateway_config(upstream_url: str, *, model: str = "moe") -> dict[str, Any]:
 def pure_sources(tmp: Path) -> Path | None:
     """A copy of the gateway's sources without the modules `make native` compiled (None when nothing
     is compiled: the gateway already runs as pure Python)."""
-    if not any(any((ROOT / package).rglob("*.so")) for package in ("gateway", "backends")):
+    from gateway import native
+
+    if not native.compiled():
         return None
     dest = tmp / "pure-sources"
     for package in ("gateway", "backends"):

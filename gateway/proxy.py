@@ -76,10 +76,6 @@ class RouteState:
     policy: Policy
     split: LiveSplit | None = None
     seq: Iterator[int] = field(default_factory=itertools.count)
-    candidates: list[str] = field(init=False)  # every backend of the route, in config order (read-only)
-
-    def __post_init__(self) -> None:
-        self.candidates = self.config.candidates
 
 
 @dataclass(slots=True)
@@ -219,7 +215,7 @@ class Proxy:
     def _candidates(self, route: RouteState, ex: Exchange) -> list[str]:
         split = route.split
         if split is None:
-            return route.candidates
+            return route.config.candidates
         healthy = {s.name for s in self._pool if s.healthy}
         choice = split.choose(ex.features.sticky_key, healthy, self._rng)
         if choice is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -114,9 +115,10 @@ class Route(_Strict):
             raise ValueError("a route needs exactly one of `backends` or `split`")
         return self
 
-    @property
+    @cached_property
     def candidates(self) -> list[str]:
-        """Every backend the route may use (all arms' backends for a split route), in config order."""
+        """Every backend the route may use (all arms' backends for a split route), in config order.
+        Computed once (the request path asks on every request); do not modify."""
         if self.backends is not None:
             return list(self.backends)
         assert self.split is not None
