@@ -15,10 +15,10 @@ from aiohttp import web
 
 from backends.base import Endpoint
 from bench import naive_proxy
-from gateway.front import Front
-from gateway.reply import Reply
+from gateway.client.pool import UpstreamPool
+from gateway.http.native_front import Front
+from gateway.proxy.sink import Reply
 from gateway.settings import Limits
-from gateway.upstream import UpstreamPool
 
 PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
 

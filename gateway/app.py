@@ -16,23 +16,23 @@ from prometheus_client import CollectorRegistry
 from backends.base import Adapter
 from backends.registry import adapter_for
 
-from . import split_admin
-from .auth import Dispatch, Guard
-from .dashboard import DashboardHandlers
-from .generation import Generation, Generations, LivePool
-from .handlers import Handlers, error_middleware
-from .health import HealthPoller
-from .metrics import Recorder
-from .openapi import install_openapi
-from .pool import BackendState, Pool
-from .proxy import Proxy
-from .ratelimit import KeyLimiter
-from .reload import Reloader
+from .access.auth import Dispatch, Guard
+from .access.ratelimit import KeyLimiter
+from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
+from .admin import weights as weights_admin
+from .admin.dashboard import DashboardHandlers
+from .admin.openapi import install_openapi
+from .client.pool import UpstreamPool
+from .http.handlers import Handlers, error_middleware
+from .observability.metrics import Recorder
+from .proxy.service import Proxy
 from .routing import RoutingState
-from .secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .settings import Settings
+from .state.generations import Generation, Generations, LivePool
+from .state.health import HealthPoller
+from .state.pool import BackendState, Pool
+from .state.reload import Reloader
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
-from .upstream import UpstreamPool
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", Pool)
@@ -133,7 +133,7 @@ async def build_app(
     handlers.install(app)
     app[DISPATCH] = guard.guarded(handlers.generate)
     reloader.install(app)
-    split_admin.install(app, lambda: generations.current.proxy)
+    weights_admin.install(app, lambda: generations.current.proxy)
     install_openapi(app)
     DashboardHandlers(Comparer(stats), clock).install(app)
     if separate_metrics:

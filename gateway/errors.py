@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from backends.base import ErrorBody
 
-from . import jsonx
+from . import json_codec
 
 
 class GatewayError(Exception):
@@ -47,7 +47,7 @@ class GatewayError(Exception):
         return ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
 
     def render(self) -> bytes:
-        return jsonx.dumps(self.body().as_dict())
+        return json_codec.dumps(self.body().as_dict())
 
 
 class InvalidRequest(GatewayError):

@@ -24,7 +24,7 @@ from typing import Any
 from backends.base import Endpoint, TranslationError
 from backends.chat_templates import render
 
-from .. import jsonx
+from .. import json_codec
 from .base import CHARS_PER_TOKEN, UNIT_CHARS, RequestFeatures, SlaTarget
 from .hashing import chain_hashes, stable_hash
 
@@ -52,7 +52,7 @@ def _prompt_bytes(body: Mapping[str, Any], endpoint: Endpoint, template: str) ->
         try:
             text = render(messages, template)
         except (TranslationError, ValueError):
-            raw = jsonx.dumps(messages)  # images and the like: still a stable byte stream
+            raw = json_codec.dumps(messages)  # images and the like: still a stable byte stream
             return raw, math.ceil(len(raw) / CHARS_PER_TOKEN)
         return text.encode("utf-8"), math.ceil(len(text) / CHARS_PER_TOKEN)
     prompt = body.get("prompt")

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ..metrics import NONE, Outcome
+from ..observability.metrics import NONE, Outcome
 from ..settings import Settings
 from .window import Sample, Series
 

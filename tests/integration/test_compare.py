@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import jsonx
+from gateway import json_codec
 from gateway.__main__ import main
 
 from .harness import Emulators, GatewayProcess, backend_entry
@@ -122,7 +122,7 @@ PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 
 
 def dashboard_metrics() -> set[str]:
-    doc = jsonx.loads(GRAFANA.read_bytes())
+    doc = json_codec.loads(GRAFANA.read_bytes())
     exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
     assert exprs
     names = set()

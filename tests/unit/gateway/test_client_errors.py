@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.client.pool import UpstreamConnectError, UpstreamLocalExhaustion, UpstreamProtocolError
 from gateway.errors import BackendConnectError, BackendError, BackendProtocolError, BackendTimeout, GatewayOverloaded
-from gateway.proxy import map_client_errors
-from gateway.upstream import UpstreamConnectError, UpstreamLocalExhaustion, UpstreamProtocolError
+from gateway.proxy.service import map_client_errors
 
 
 @pytest.mark.parametrize(

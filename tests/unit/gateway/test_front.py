@@ -15,9 +15,9 @@ from aiohttp import web
 
 from backends.base import Endpoint
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.front import Front
-from gateway.lowlevel import GatewayRunner
-from gateway.reply import Reply
+from gateway.http.aiohttp_server import GatewayRunner
+from gateway.http.native_front import Front
+from gateway.proxy.sink import Reply
 from gateway.settings import Limits
 
 LIMITS = Limits(max_body_bytes=4096, max_header_bytes=2048, header_timeout_s=0.3, body_timeout_s=0.3)
@@ -262,7 +262,7 @@ async def test_shutdown_lets_running_requests_finish_and_closes_idle_ones(served
 
 
 def test_error_status_is_kept_for_unknown_codes() -> None:
-    from gateway.front import error_bytes, status_line
+    from gateway.http.native_front import error_bytes, status_line
 
     error = GatewayError("x")
     error.status = 599

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from backends.base import Runtime
 from backends.registry import adapter_for
-from gateway.pool import BackendState, Pool
 from gateway.settings import Backend
+from gateway.state.pool import BackendState, Pool
 
 
 def pool(threshold: int = 3, cooldown: float = 5.0) -> Pool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.relay import SseRelay
+from gateway.proxy.sse import SseRelay
 
 HEAD = b'data: {"id":"c1","object":"chat.completion.chunk","model":"tiny-moe",'
 ROLE = HEAD + b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -89,7 +89,7 @@ def test_comments_pass_through_and_do_not_count() -> None:
 
 
 def test_first_event_is_split_off_a_burst_of_events() -> None:
-    from gateway.proxy import _first_event
+    from gateway.proxy.service import _first_event
 
     assert _first_event(b"data: 1\n\ndata: 2\n\n") == (b"data: 1\n\n", b"data: 2\n\n")
     assert _first_event(b"data: 1\n\n") == (b"data: 1\n\n", b"")

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from gateway.upstream import (
+from gateway.client.pool import (
     HIGH_WATER_BYTES,
     UpstreamConnectError,
     UpstreamLocalExhaustion,

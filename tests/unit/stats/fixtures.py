@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Usage
-from gateway.metrics import Outcome
+from gateway.observability.metrics import Outcome
 from gateway.settings import Settings, parse_settings
 
 SETTINGS: dict[str, Any] = {

@@ -28,7 +28,7 @@ from backends.base import (
     UpstreamRequest,
 )
 
-from .settings import ApiKey, ConfigError, Settings, format_validation_error, parse_digest
+from ..settings import ApiKey, ConfigError, Settings, format_validation_error, parse_digest
 
 
 def hash_key(key: str) -> str:

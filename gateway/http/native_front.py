@@ -30,12 +30,12 @@ import httptools
 
 from backends.base import Endpoint
 
-from .auth import Dispatch
-from .errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
-from .exchange import request_id as choose_request_id
-from .settings import Limits
+from ..access.auth import Dispatch
+from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from ..proxy.exchange import request_id as choose_request_id
+from ..settings import Limits
 
-log = logging.getLogger("gateway.front")
+log = logging.getLogger(__name__)
 
 HOT_PATHS = {b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS}
 _HOT_STARTS = tuple(b"POST " + path + b" " for path in HOT_PATHS)

@@ -12,13 +12,13 @@ from yarl import URL
 
 from backends.base import Endpoint
 
-from . import jsonx
-from .errors import BodyTooLarge, GatewayError, InvalidRequest
-from .exchange import request_id as choose_request_id
-from .generation import Generations
-from .reply import AiohttpReply, Reply
+from .. import json_codec
+from ..errors import BodyTooLarge, GatewayError, InvalidRequest
+from ..proxy.exchange import request_id as choose_request_id
+from ..proxy.sink import AiohttpReply, Reply
+from ..state.generations import Generations
 
-log = logging.getLogger("gateway.handlers")
+log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -26,7 +26,7 @@ _HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: 
 
 
 def json_response(obj: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=jsonx.dumps(obj), status=status, headers=headers, content_type="application/json")
+    return web.Response(body=json_codec.dumps(obj), status=status, headers=headers, content_type="application/json")
 
 
 def _error_response(exc: GatewayError, request: web.Request) -> web.Response:

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from .errors import GatewayError, RequestTimeout
+from ..errors import GatewayError, RequestTimeout
 
 _TYPES = {431: "invalid_request_error", 400: "invalid_request_error", 500: "server_error"}
 

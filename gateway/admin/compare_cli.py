@@ -17,8 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from . import jsonx
-from .stats import WINDOWS_S
+from .. import json_codec
+from ..stats import WINDOWS_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def fetch(url: str, window: int) -> dict[str, Any]:
     """GET /admin/compare with the standard library (the CLI needs no HTTP client dependency)."""
     query = urllib.parse.urlencode({"window": window})
     with urllib.request.urlopen(f"{url.rstrip('/')}/admin/compare?{query}", timeout=10) as resp:
-        doc: dict[str, Any] = jsonx.loads(resp.read())
+        doc: dict[str, Any] = json_codec.loads(resp.read())
     return doc
 
 

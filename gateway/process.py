@@ -24,14 +24,14 @@ from pathlib import Path
 import yaml
 from aiohttp import web
 
-from . import native
+from . import build_check
 from .app import DISPATCH, GENERATIONS, METRICS_APP, RELOADER, build_app
-from .front import Front
-from .lowlevel import GatewayRunner
-from .reload import Reloader, ReloadRejected
+from .http.aiohttp_server import GatewayRunner
+from .http.native_front import Front
 from .settings import Settings
+from .state.reload import Reloader, ReloadRejected
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger(__name__)
 
 
 class _Signals:
@@ -174,7 +174,7 @@ async def _start_worker(
         metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
         worker.runners.append(metrics_runner)
     _tune_gc()
-    log.info("build: %s", native.describe())
+    log.info("build: %s", build_check.describe())
     print(f"gateway listening on {url}", flush=True)
     if metrics_url is not None:
         print(f"metrics on {metrics_url}", flush=True)

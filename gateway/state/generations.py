@@ -14,11 +14,11 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..access.secrets import Secrets
+from ..proxy.service import Proxy
+from ..settings import Settings
 from .health import HealthPoller
 from .pool import BackendState, Pool
-from .proxy import Proxy
-from .secrets import Secrets
-from .settings import Settings
 
 
 @dataclass(eq=False, slots=True)

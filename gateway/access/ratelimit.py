@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .settings import ApiKey
+from ..settings import ApiKey
 
 
 @dataclass(slots=True)

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from . import jsonx
-from .errors import InvalidRequest, ModelNotFound
-from .proxy import Proxy
+from .. import json_codec
+from ..errors import InvalidRequest, ModelNotFound
+from ..proxy.service import Proxy
 
 
 def install(app: web.Application, current_proxy: Callable[[], Proxy]) -> None:
@@ -21,13 +21,13 @@ def install(app: web.Application, current_proxy: Callable[[], Proxy]) -> None:
         weights = current_proxy().weights(model)
         if not weights:
             raise ModelNotFound(f"`{model}` is not a split route.", param="model")
-        return web.json_response({"model": model, "weights": weights}, dumps=lambda o: jsonx.dumps(o).decode())
+        return web.json_response({"model": model, "weights": weights}, dumps=lambda o: json_codec.dumps(o).decode())
 
     async def put_weights(request: web.Request) -> web.Response:
         model = request.match_info["model"]
         try:
-            body = jsonx.loads(await request.read())
-        except jsonx.JSONDecodeError as exc:
+            body = json_codec.loads(await request.read())
+        except json_codec.JSONDecodeError as exc:
             raise InvalidRequest(f"Body is not valid JSON: {exc}") from None
         weights = body.get("weights") if isinstance(body, dict) else None
         if not isinstance(weights, dict) or not all(
@@ -40,7 +40,7 @@ def install(app: web.Application, current_proxy: Callable[[], Proxy]) -> None:
             raise ModelNotFound(f"`{model}` is not a split route.", param="model") from None
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="weights") from None
-        return web.json_response({"model": model, "weights": live}, dumps=lambda o: jsonx.dumps(o).decode())
+        return web.json_response({"model": model, "weights": live}, dumps=lambda o: json_codec.dumps(o).decode())
 
     app.router.add_get("/admin/routes/{model}/weights", get_weights)
     app.router.add_put("/admin/routes/{model}/weights", put_weights)

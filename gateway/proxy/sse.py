@@ -16,7 +16,7 @@ from typing import Any
 from backends.base import ErrorBody, Usage
 from backends.openai_compat import parse_usage
 
-from . import jsonx
+from .. import json_codec
 
 DONE = b"data: [DONE]\n\n"
 _DATA = b"data:"
@@ -25,7 +25,7 @@ _USAGE_KEY = b'"usage"'
 
 
 def error_event(error: ErrorBody) -> bytes:
-    return b"data: " + jsonx.dumps(error.as_dict()) + b"\n\n"
+    return b"data: " + json_codec.dumps(error.as_dict()) + b"\n\n"
 
 
 def normalise_stream_error(payload: Any) -> ErrorBody:
@@ -62,8 +62,8 @@ class SseRelay:
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (
-                b'"model":' + jsonx.dumps(backend_model),
-                b'"model":' + jsonx.dumps(client_model),
+                b'"model":' + json_codec.dumps(backend_model),
+                b'"model":' + json_codec.dumps(client_model),
             )
         self.stats = StreamStats()
 
@@ -92,8 +92,8 @@ class SseRelay:
             return event
         if event.startswith(_ERROR_PREFIX):
             try:
-                payload = jsonx.loads(event[5:])
-            except jsonx.JSONDecodeError:
+                payload = json_codec.loads(event[5:])
+            except json_codec.JSONDecodeError:
                 payload = {"error": event[5:].decode("utf-8", "replace").strip()}
             stats.error = normalise_stream_error(payload)
             return error_event(stats.error)[:-2]
@@ -113,8 +113,8 @@ class SseRelay:
         """Record usage from a chunk; True when it is the usage-only chunk (no choices), which is
         not generation output and reaches the client only if the client asked for it."""
         try:
-            payload = jsonx.loads(event[5:])
-        except jsonx.JSONDecodeError:
+            payload = json_codec.loads(event[5:])
+        except json_codec.JSONDecodeError:
             return False
         if not isinstance(payload, dict):
             return False

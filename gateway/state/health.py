@@ -17,7 +17,7 @@ from backends.base import LoadParseError
 
 from .pool import BackendState, Pool
 
-log = logging.getLogger("gateway.health")
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]

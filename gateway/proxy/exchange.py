@@ -9,12 +9,12 @@ from statistics import fmean
 
 from backends.base import Usage
 
-from .errors import BackendError
-from .metrics import NONE
-from .openai_head import ParsedRequest
-from .pool import BackendState
-from .routing import NO_FEATURES, Decision, RequestFeatures, SlaTarget
-from .routing.state import Ticket
+from ..errors import BackendError
+from ..observability.metrics import NONE
+from ..routing import NO_FEATURES, Decision, RequestFeatures, SlaTarget
+from ..routing.state import Ticket
+from ..state.pool import BackendState
+from .request import ParsedRequest
 
 _IDS = random.Random()  # seeded from os.urandom once; request ids need uniqueness, not secrecy
 

@@ -11,8 +11,8 @@ import random
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from .routing.split import ArmChoice, choose_arm
-from .settings import Route
+from ..routing.split import ArmChoice, choose_arm
+from ..settings import Route
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from . import jsonx
-from .errors import InvalidRequest
-from .generation import Generation, Generations
-from .secrets import Secrets, resolve_secrets
-from .settings import ConfigError, Settings, load_settings
+from .. import json_codec
+from ..access.secrets import Secrets, resolve_secrets
+from ..errors import InvalidRequest
+from ..settings import ConfigError, Settings, load_settings
+from .generations import Generation, Generations
 
-log = logging.getLogger("gateway.reload")
+log = logging.getLogger(__name__)
 
 Build = Callable[[Settings, Secrets, int], Generation]
 
@@ -77,9 +77,9 @@ class Reloader:
             error = InvalidRequest("The new configuration is invalid; the previous one keeps serving.")
             error.code = "invalid_config"
             body = {**error.body().as_dict(), "errors": exc.errors}
-            return web.Response(body=jsonx.dumps(body), status=400, content_type="application/json")
+            return web.Response(body=json_codec.dumps(body), status=400, content_type="application/json")
         return web.Response(
-            body=jsonx.dumps({"status": "reloaded", "generation": done.generation,
+            body=json_codec.dumps({"status": "reloaded", "generation": done.generation,
                               "restart_required": done.restart_required}),
             content_type="application/json",
         )

@@ -27,8 +27,15 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from backends.base import Endpoint, ErrorBody, TranslationError, UpstreamFormatError, Usage
 
-from .deadline import Deadlines
-from .errors import (
+from ..client.pool import (
+    UpstreamClientError,
+    UpstreamConnectError,
+    UpstreamLocalExhaustion,
+    UpstreamPool,
+    UpstreamProtocolError,
+    UpstreamResponse,
+)
+from ..errors import (
     BackendConnectError,
     BackendError,
     BackendOverloaded,
@@ -44,26 +51,19 @@ from .errors import (
     SlaUnattainable,
     UpstreamError,
 )
+from ..observability.metrics import NONE, Outcome, Recorder
+from ..routing import POLICIES, BadRoutingHeader, Policy, RouteRequest, RoutingState, decide, describe
+from ..routing.split import should_shadow
+from ..settings import Route, Settings
+from ..state.pool import BackendState, Pool
+from ..state.splits import LiveSplit
+from .deadlines import Deadlines
 from .exchange import Exchange, sla_outcome
-from .metrics import NONE, Outcome, Recorder
-from .openai_head import ParsedRequest, parse_request
-from .pool import BackendState, Pool
-from .relay import DONE, SseRelay, StreamStats, error_event
-from .reply import Reply
-from .routing import POLICIES, BadRoutingHeader, Policy, RouteRequest, RoutingState, decide, describe
-from .routing.split import should_shadow
-from .settings import Route, Settings
-from .splits import LiveSplit
-from .upstream import (
-    UpstreamClientError,
-    UpstreamConnectError,
-    UpstreamLocalExhaustion,
-    UpstreamPool,
-    UpstreamProtocolError,
-    UpstreamResponse,
-)
+from .request import ParsedRequest, parse_request
+from .sink import Reply
+from .sse import DONE, SseRelay, StreamStats, error_event
 
-log = logging.getLogger("gateway.proxy")
+log = logging.getLogger(__name__)
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 # statuses of responses the engine produced (its usage then corrects the prefix memory)

@@ -12,8 +12,8 @@ from typing import Any
 from backends.base import ClientRequest, Endpoint
 from backends.values import value
 
-from . import jsonx
-from .errors import InvalidRequest
+from .. import json_codec
+from ..errors import InvalidRequest
 
 MAX_N = 128
 MAX_TOKENS = 10_000_000
@@ -37,8 +37,8 @@ def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> None:
 
 def parse_request(raw: bytes, endpoint: Endpoint, *, created: int = 0) -> ParsedRequest:
     try:
-        body = jsonx.loads(raw)
-    except jsonx.JSONDecodeError as exc:
+        body = json_codec.loads(raw)
+    except json_codec.JSONDecodeError as exc:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request body must be a JSON object")

@@ -10,9 +10,9 @@ from importlib import resources
 
 from aiohttp import web
 
-from .. import jsonx
-from ..errors import InvalidRequest
-from ..stats import WINDOWS_S, Comparer
+from ... import json_codec
+from ...errors import InvalidRequest
+from ...stats import WINDOWS_S, Comparer
 
 _STATIC_TYPES = {".html": "text/html", ".js": "application/javascript", ".css": "text/css"}
 
@@ -37,7 +37,7 @@ class DashboardHandlers:
         if window not in WINDOWS_S:
             raise InvalidRequest(f"window must be one of {', '.join(map(str, WINDOWS_S))} (seconds)", param="window")
         doc = await self._comparer.document_async(self._clock(), window)
-        return web.Response(body=jsonx.dumps(doc), content_type="application/json",
+        return web.Response(body=json_codec.dumps(doc), content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
     async def page(self, request: web.Request) -> web.Response:

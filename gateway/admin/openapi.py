@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from . import jsonx
-from .openai_head import MAX_N, MAX_TOKENS
+from .. import json_codec
+from ..proxy.request import MAX_N, MAX_TOKENS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -101,7 +101,7 @@ async def _serve(request: web.Request) -> web.Response:
     return web.Response(body=_BODY, content_type="application/json")
 
 
-_BODY = jsonx.dumps(DOCUMENT)
+_BODY = json_codec.dumps(DOCUMENT)
 
 
 def install_openapi(app: web.Application) -> None:

@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from backends.base import Usage
 from backends.values import value
 
-from .pool import Pool
-from .promfast import CounterChild, FastCounter, FastHistogram, HistogramChild
+from ..state.pool import Pool
+from .lockfree import CounterChild, FastCounter, FastHistogram, HistogramChild
 
 NONE = "none"
 

@@ -23,13 +23,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from backends.base import Endpoint
 
-from . import jsonx
-from .errors import ModelNotFound, RateLimited, RequestTimeout, Unauthorized
-from .generation import Generations
-from .metrics import NONE, Outcome, Recorder
+from .. import json_codec
+from ..errors import ModelNotFound, RateLimited, RequestTimeout, Unauthorized
+from ..observability.metrics import NONE, Outcome, Recorder
+from ..proxy.sink import Reply
+from ..settings import ApiKey
+from ..state.generations import Generations
 from .ratelimit import KeyLimiter
-from .reply import Reply
-from .settings import ApiKey
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -199,7 +199,7 @@ class Guard:
 
 def _model_of(body: bytes) -> object:
     try:
-        parsed = jsonx.loads(body)
-    except jsonx.JSONDecodeError:
+        parsed = json_codec.loads(body)
+    except json_codec.JSONDecodeError:
         return None  # the proxy answers malformed JSON with its own 400
     return parsed.get("model") if isinstance(parsed, dict) else None

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from backends.base import Adapter, Load
 
-from .routing.base import BackendView, Snapshot
-from .settings import Backend
+from ..routing.base import BackendView, Snapshot
+from ..settings import Backend
 
 
 @dataclass(slots=True)
