@@ -13,21 +13,16 @@ import asyncio
 import contextlib
 import gc
 import logging
-import resource
 import signal
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from aiohttp import web
 
 from . import build_check
-from .app import DISPATCH, GENERATIONS, METRICS_APP, RELOADER, build_app
-from .http.aiohttp_server import GatewayRunner
-from .http.native_front import Front
+from .app import Running, start
 from .settings import Settings
 from .state.reload import Reloader, ReloadRejected
 
@@ -87,14 +82,15 @@ async def serve(
             url = await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
                                    signals=signals)
         else:
-            url, worker = await _start_worker(
+            worker = await _start_worker(
                 settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path
             )
+            url = worker.url
         if demo is not None:
             print(demo.banner(url), flush=True)
         if workers > 1:
             return 0
-        signals.reloader = worker.runners[0].app[RELOADER]
+        signals.reloader = worker.built.reloader
         await signals.stop.wait()
         log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
         await worker.stop(settings.limits.drain_timeout_s)
@@ -117,68 +113,16 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 10)
 
 
-def _raise_open_file_limit() -> None:
-    """Every open stream holds two sockets (client and backend): lift the soft limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-@dataclass
-class _Worker:
-    runners: list[web.AppRunner]
-    front: Front | None = None
-    listener: asyncio.Server | None = None
-
-    async def stop(self, drain_timeout_s: float) -> None:
-        """Stop listening, let running requests finish (up to the drain timeout), then clean up."""
-        if self.listener is not None and self.front is not None:
-            self.listener.close()
-            await self.front.shutdown(drain_timeout_s)
-        for runner in self.runners:  # stops listening, closes idle connections, waits for running handlers
-            await runner.cleanup()
-
-
 async def _start_worker(
     settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None
-) -> tuple[str, _Worker]:
-    app = await build_app(settings, config_path=config_path)
-    limits = settings.limits
-    runner = GatewayRunner(
-        app, header_timeout_s=limits.header_timeout_s, handler_cancellation=True, access_log=None,
-        shutdown_timeout=limits.drain_timeout_s, max_line_size=limits.max_header_bytes,
-        max_field_size=limits.max_header_bytes, lingering_time=1.0,
-    )
-    await runner.setup()
-    _raise_open_file_limit()
-    worker = _Worker([runner])
-    if settings.listen.front == "native":
-        assert runner.server is not None
-        generations = app[GENERATIONS]
-        worker.front = Front(app[DISPATCH], runner.server, lambda: generations.current.settings.limits)
-        worker.listener = await asyncio.get_running_loop().create_server(
-            worker.front, host, port, reuse_port=reuse_port or None, backlog=settings.listen.backlog
-        )
-        bound = worker.listener.sockets[0].getsockname()[1]
-    else:
-        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=settings.listen.backlog)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-    url = f"http://{host}:{bound}"
-    metrics_url = None
-    if METRICS_APP in app and settings.listen.metrics_port is not None:
-        metrics_runner = web.AppRunner(app[METRICS_APP], access_log=None)
-        await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, host, settings.listen.metrics_port, reuse_port=reuse_port or None).start()
-        metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
-        worker.runners.append(metrics_runner)
+) -> Running:
+    running = await start(settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path)
     _tune_gc()
     log.info("build: %s", build_check.describe())
-    print(f"gateway listening on {url}", flush=True)
-    if metrics_url is not None:
-        print(f"metrics on {metrics_url}", flush=True)
-    return url, worker
+    print(f"gateway listening on {running.url}", flush=True)
+    if running.metrics_url is not None:
+        print(f"metrics on {running.metrics_url}", flush=True)
+    return running
 
 
 async def _supervise(

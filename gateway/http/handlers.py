@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from yarl import URL
 
 from backends.base import Endpoint
 
 from .. import json_codec
-from ..errors import BodyTooLarge, GatewayError, InvalidRequest
+from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
-from ..proxy.sink import AiohttpReply, Reply
+from ..proxy.sink import Entry
 from ..state.generations import Generations
+from .aiohttp_sink import AiohttpSink
 
 log = logging.getLogger(__name__)
 
@@ -61,43 +62,41 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error_response(InvalidRequest("Request body is not valid UTF-8."), request)
 
 
-def redact_url(url: str) -> str:
-    """The URL without userinfo (credentials must never reach /admin output)."""
-    parsed = URL(url)
-    return str(parsed.with_user(None)) if parsed.user is not None or parsed.password is not None else url
-
-
 class Handlers:
-    """Request handlers. Each generation request runs on the config generation current when it
-    arrived, held until its response (stream included) is finished."""
+    """aiohttp's handlers. Generation requests on connections aiohttp owns go to the same `Entry` the
+    native front uses; a body that does not arrive in time or is too large is refused and counted."""
 
-    def __init__(self, generations: Generations, registry: CollectorRegistry, *, serve_metrics: bool = True) -> None:
+    def __init__(
+        self, generations: Generations, entry: Entry, registry: CollectorRegistry, *, body_timeout_s: float,
+        serve_metrics: bool = True,
+    ) -> None:
         self._generations = generations
+        self._entry = entry
         self._registry = registry
+        self._body_timeout_s = body_timeout_s
         self._serve_metrics = serve_metrics
 
-    async def generate(
-        self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str
-    ) -> None:
-        """A generation request, from whichever server carries it (auth is done by then)."""
-        generation = self._generations.enter()
-        try:
-            await generation.proxy.serve(headers, body, endpoint, reply, request_id)
-        finally:
-            self._generations.leave(generation)
-
-    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         request_id = request["request_id"] = choose_request_id(request.headers.get("x-request-id"))
-        reply = AiohttpReply(request)
-        await self.generate(request.headers, await request.read(), endpoint, reply, request_id)
-        assert reply.response is not None
-        return reply.response
+        try:
+            async with asyncio.timeout(self._body_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            self._entry.refused(endpoint, 408, request_id)
+            raise RequestTimeout("The request body was not received in time.") from None
+        except web.HTTPRequestEntityTooLarge as too_large:
+            self._entry.refused(endpoint, 413, request_id)
+            raise BodyTooLarge(f"Request body too large: {too_large.text}") from None
+        sink = AiohttpSink(request)
+        await self._entry.dispatch(request.headers, body, endpoint, sink, request_id)
+        assert sink.response is not None
+        return sink.response
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, Endpoint.CHAT)
+        return await self._generate(request, Endpoint.CHAT)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, Endpoint.COMPLETIONS)
+        return await self._generate(request, Endpoint.COMPLETIONS)
 
     async def models(self, request: web.Request) -> web.Response:
         allowed = request.get("api_key_models")
@@ -121,43 +120,6 @@ class Handlers:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encoder(self._registry), headers={"Content-Type": content_type})
 
-    async def admin_backends(self, request: web.Request) -> web.Response:
-        backends = []
-        generation = self._generations.current
-        routing = generation.proxy.routing
-        for s in generation.pool:
-            load = s.load
-            learned = routing.latency.get(s.name)
-            backends.append({
-                "name": s.name,
-                "runtime": s.config.runtime.value,
-                "url": redact_url(s.config.base_url),
-                "model": s.config.model,
-                "healthy": s.healthy,
-                "probe_ok": s.probe_ok,
-                "ejected": s.ejected,
-                "consecutive_failures": s.consecutive_failures,
-                "in_flight": s.in_flight,
-                "load_score": s.view().load_score,
-                "load": {
-                    "running": load.running,
-                    "waiting": load.waiting,
-                    "kv_usage": load.kv_usage,
-                    "prefix_hit_rate": load.prefix_hit_rate,
-                    "block_size": load.block_size,
-                },
-                "usd_per_hour": s.config.usd_per_hour,
-                "last_error": s.last_error,
-                # what the routing memory believes (the inputs of prefix_affinity and sla)
-                "routing": {
-                    "cached_prefix_blocks": routing.index.size(s.name),
-                    "backlog_tokens": learned.backlog_tokens if learned else 0.0,
-                    "prefill_tokens_per_s": learned.prefill_tokens_per_s if learned else None,
-                    "predicted_tpot_s": learned.tpot_s((load.running or s.in_flight) + 1) if learned else None,
-                },
-            })
-        return json_response({"backends": backends, "generation": self._generations.current.number})
-
     def install(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
@@ -166,4 +128,3 @@ class Handlers:
         app.router.add_get("/ready", self.ready)
         if self._serve_metrics:
             app.router.add_get("/metrics", self.metrics)
-        app.router.add_get("/admin/backends", self.admin_backends)

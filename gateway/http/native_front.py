@@ -30,9 +30,9 @@ import httptools
 
 from backends.base import Endpoint
 
-from ..access.auth import Dispatch
 from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
+from ..proxy.sink import Entry
 from ..settings import Limits
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def error_bytes(error: GatewayError, request_id: str | None = None, *, close: bo
     return "".join(head).encode("latin-1") + body
 
 
-class NativeReply:
+class NativeSink:
     """Where one request's response goes: all at once (`send`) or as a chunked stream."""
 
     __slots__ = ("_chunked", "_conn", "_keep_alive", "started")
@@ -144,10 +144,10 @@ class Front:
     """The protocol factory and registry of native connections (for drain and the idle sweep)."""
 
     def __init__(
-        self, dispatch: Dispatch, fallback: Callable[[], asyncio.Protocol], limits: Callable[[], Limits],
+        self, entry: Entry, fallback: Callable[[], asyncio.Protocol], limits: Callable[[], Limits],
         *, keepalive_s: float = 75.0,
     ) -> None:
-        self.dispatch = dispatch
+        self.entry = entry  # where generation requests go, and where refusals are counted
         self.fallback = fallback  # aiohttp's protocol factory, for connections that are not ours
         self.limits = limits  # live: follows config reloads
         self.keepalive_s = keepalive_s
@@ -366,12 +366,12 @@ class FrontProtocol(asyncio.Protocol):
         self.task = self._loop.create_task(self._run(msg))
 
     async def _run(self, msg: _Message) -> None:
-        reply = NativeReply(self, keep_alive=msg.keep_alive and not self._front.closing, http11=msg.http11)
+        reply = NativeSink(self, keep_alive=msg.keep_alive and not self._front.closing, http11=msg.http11)
         request_id = choose_request_id(msg.headers.get("x-request-id"))
         assert msg.endpoint is not None
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
-            await self._front.dispatch(msg.headers, body, msg.endpoint, reply, request_id)
+            await self._front.entry.dispatch(msg.headers, body, msg.endpoint, reply, request_id)
             if not reply.started:  # a dispatcher that wrote nothing: never leave a client hanging
                 raise GatewayError("The gateway produced no response.")
         except GatewayError as exc:

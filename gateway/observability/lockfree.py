@@ -39,6 +39,15 @@ class HistogramChild:
             total += v
         self.sum += total
 
+    def merge(self, counts: list[int], total: float) -> None:
+        """Add observations already counted per bucket (the same bounds as this histogram's)."""
+        mine = self.counts
+        if len(counts) != len(mine):
+            raise ValueError("histogram bounds differ")
+        for i, n in enumerate(counts):
+            mine[i] += n
+        self.sum += total
+
 
 class _Family(Generic[C]):
     """A metric family to register with a CollectorRegistry; `labels(*values)` returns a cached child."""

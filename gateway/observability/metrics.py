@@ -16,39 +16,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from backends.base import Usage
-from backends.values import value
 
 from ..state.pool import Pool
 from .lockfree import CounterChild, FastCounter, FastHistogram, HistogramChild
-
-NONE = "none"
+from .outcome import ITL_BUCKETS, Outcome
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
 # OpenTelemetry GenAI semantic conventions: the explicit bucket boundaries they recommend.
 GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960)
-
-
-@value
-class Outcome:
-    """One finished request, as the proxy saw it."""
-
-    backend: str
-    runtime: str
-    model: str
-    status: str  # HTTP status as a string, or "stream_error" / "client_closed"
-    duration_s: float
-    usage: Usage | None = None
-    ttft_s: float | None = None
-    gaps_s: Sequence[float] = ()
-    reason: str = NONE  # the routing decision's low-cardinality reason
-    arm: str | None = None  # the A/B arm, when the route is split
-    sla: str | None = None  # "met" / "missed" when the request carried an SLA target
-    finished_at: float = 0.0  # clock reading at the end (for windowed statistics)
 
 
 @dataclass(slots=True)
@@ -115,7 +94,12 @@ class Recorder:
         self.retries = counter(
             "gateway_retries", "Attempts retried on another backend.", ("backend", "runtime", "reason"))
         self.ejections = counter(
-            "gateway_backend_ejections", "Circuit-breaker ejections.", ("backend", "runtime"))
+            "gateway_backend_ejections", "Outlier ejections (consecutive failures or failure rate).",
+            ("backend", "runtime"))
+        self.ejections_spared = counter(
+            "gateway_backend_ejections_spared",
+            "Ejections the rules called for but the fleet cap refused (max_ejected_share, or the last backend).",
+            ("backend", "runtime"))
         self.decisions = counter(
             "gateway_routing_decisions", "Routing decisions by route, policy and reason.",
             ("model", "policy", "reason"))
@@ -205,8 +189,8 @@ class Recorder:
             s.genai_ttft.observe(o.ttft_s)
             if usage is not None and usage.completion_tokens > 1:
                 s.genai_tpot.observe(max(o.duration_s - o.ttft_s, 0.0) / (usage.completion_tokens - 1))
-        if o.gaps_s:
-            s.itl.observe_many(o.gaps_s)
+        if o.gaps is not None and o.gaps.count:
+            s.itl.merge(o.gaps.buckets, o.gaps.sum)
         if o.sla is not None:
             self.sla.labels(o.backend, o.runtime, o.sla).inc()
         for observe in self.observers:
@@ -217,6 +201,9 @@ class Recorder:
 
     def ejected(self, backend: str, runtime: str) -> None:
         self.ejections.labels(backend, runtime).inc()
+
+    def ejection_spared(self, backend: str, runtime: str) -> None:
+        self.ejections_spared.labels(backend, runtime).inc()
 
     def decision(self, model: str, policy: str, reason: str) -> None:
         self.decisions.labels(model, policy, reason).inc()

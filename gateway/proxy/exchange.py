@@ -1,20 +1,21 @@
-"""One client request's journey through the gateway, and what we conclude from it at the end."""
+"""One client request's journey through the gateway: the mutable record every step fills in, and
+what the request's SLA outcome was. Accounting reads it once, at the end (`accounting.Accounting`)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from statistics import fmean
 
-from backends.base import Usage
+from backends.base import Endpoint, Usage
 
 from ..errors import BackendError
-from ..observability.metrics import NONE
+from ..observability.outcome import NONE, Gaps
 from ..routing import NO_FEATURES, Decision, RequestFeatures, SlaTarget
 from ..routing.state import Ticket
-from ..state.pool import BackendState
+from ..settings import ApiKey
+from ..state.pool import BackendState, Pool
 from .request import ParsedRequest
+from .sse import StreamStats
 
 _IDS = random.Random()  # seeded from os.urandom once; request ids need uniqueness, not secrecy
 
@@ -26,7 +27,8 @@ def new_request_id() -> str:
 
 def request_id(client_value: str | None) -> str:
     """The client's `x-request-id` when it is usable (printable, at most 128 characters: it is echoed
-    in headers and sent upstream), else a new one."""
+    in headers and logged), else a new one. It is the client's: upstream, every attempt carries an id
+    of the gateway's own (`Exchange.upstream_id`), because engines key requests by that header."""
     if client_value and len(client_value) <= 128 and client_value.isprintable():
         return client_value
     return new_request_id()
@@ -36,18 +38,31 @@ def request_id(client_value: str | None) -> str:
 class Exchange:
     """Mutable per-request bookkeeping, threaded through parsing, routing, retries and relaying."""
 
-    request_id: str
+    request_id: str  # the client's (echoed back), or ours when it sent none
+    endpoint: Endpoint
     started: float
+    # How it ended. Anything that does not set it explicitly ended in the gateway's own failure.
+    status: str = "500"
     model: str = NONE  # the route's model once known (a metrics label, so never the raw client value)
+    key: ApiKey | None = None
     parsed: ParsedRequest | None = None
     features: RequestFeatures = NO_FEATURES
     arm: str | None = None
     tried: set[str] = field(default_factory=set)
     last: BackendState | None = None  # the backend of the latest attempt
-    error: BackendError | None = None  # the latest retryable failure
+    upstream_id: str = ""  # the id the latest attempt was sent upstream with
+    error: BackendError | None = None  # the latest failed attempt's error
     decision: Decision | None = None
-    ticket: Ticket | None = None
+    ticket: Ticket | None = None  # the routing ticket of the attempt that got a response
     sent_at: float = 0.0
+    engine_worked: bool = False  # the latest attempt reached an engine that may have generated
+    usage: Usage | None = None  # the engine's usage (non-streaming responses)
+    stream: StreamStats | None = None  # what the SSE relay measured (streams)
+    # the backend's verdict on the response it opened (outlier detection): True served, False failed,
+    # None not the backend's doing (the client left, the gateway's own deadline)
+    verdict: bool | None = None
+    pool: Pool | None = None  # the pool of the config generation serving it
+    recorded: bool = False
 
 
 def sla_outcome(
@@ -55,15 +70,15 @@ def sla_outcome(
     *,
     ok: bool,
     ttft_s: float | None,
-    gaps_s: Sequence[float],
+    gaps: Gaps | None,
     duration_s: float,
     usage: Usage | None,
 ) -> str | None:
     """"met" or "missed" for a request that carried SLA targets, None otherwise.
 
-    TTFT is the gateway-measured first event of a stream; for a non-streaming request the whole
+    TTFT is the gateway-measured first token of a stream; for a non-streaming request the whole
     response is its first token, so its duration stands in. TPOT is the mean gap between streamed
-    events, or (duration - TTFT) / (tokens - 1) for non-streams, where TTFT is unknown and the check
+    tokens, or (duration - TTFT) / (tokens - 1) for non-streams, where TTFT is unknown and the check
     is therefore done on the duration alone.
     """
     if target is None:
@@ -72,9 +87,10 @@ def sla_outcome(
         return "missed"
     if target.ttft_s is not None and (ttft_s if ttft_s is not None else duration_s) > target.ttft_s:
         return "missed"
-    if target.tpot_s is not None and gaps_s and fmean(gaps_s) > target.tpot_s:
+    mean = gaps.mean_s if gaps is not None else None
+    if target.tpot_s is not None and mean is not None and mean > target.tpot_s:
         return "missed"
-    if target.tpot_s is not None and not gaps_s and usage is not None and usage.completion_tokens > 1:
+    if target.tpot_s is not None and mean is None and usage is not None and usage.completion_tokens > 1:
         budget = (target.ttft_s or 0.0) + target.tpot_s * (usage.completion_tokens - 1)
         if duration_s > budget:
             return "missed"

@@ -1,9 +1,11 @@
-"""Where a proxied response goes: the interface the proxy writes to, and its aiohttp implementation.
+"""What the HTTP fronts and the proxy agree on: where a response goes, and how a generation request
+enters (or is refused before it could).
 
-The proxy does not know which HTTP server carries the response: the native front (`front.Reply`) on
-the hot path, or aiohttp (`AiohttpReply`) for a generation request on a connection aiohttp already
-owns. A response is either sent whole (`send`) or streamed (`start` with the first bytes, `write`...,
-`end`); `start` and `write` raise `ConnectionError` once the client has gone.
+The proxy does not know which HTTP server carries the response: the native front
+(`http.native_front.NativeSink`) on the hot path, or aiohttp (`http.aiohttp_sink.AiohttpSink`) for a
+generation request on a connection aiohttp already owns. A response is either sent whole (`send`) or
+streamed (`start` with the first bytes, `write`..., `end`); `start` and `write` raise
+`ConnectionError` once the client has gone.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from aiohttp import web
+from backends.base import Endpoint
 
 
-class Reply(Protocol):
+class ResponseSink(Protocol):
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None: ...
 
     async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None: ...
@@ -24,24 +26,20 @@ class Reply(Protocol):
     async def end(self) -> None: ...
 
 
-class AiohttpReply:
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self.response: web.StreamResponse | None = None
+class Entry(Protocol):
+    """How a generation request reaches the gateway, from whichever front parsed it.
 
-    def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
-        self.response = web.Response(status=status, body=body, headers=headers)
+    Every generation request a front has identified (its request line names a generation endpoint) is
+    reported exactly once: through `dispatch`, or, when the front refuses it before it is complete or
+    readable (400, 408, 413, 431), through `refused`. Either way it is counted once, in one place.
+    """
 
-    async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None:
-        self.response = web.StreamResponse(status=status, headers=headers)
-        await self.response.prepare(self._request)
-        if first:
-            await self.response.write(first)
+    async def dispatch(
+        self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, sink: ResponseSink, request_id: str
+    ) -> None:
+        """Serve the request; GatewayErrors raised mean nothing was sent: the front renders them."""
+        ...
 
-    async def write(self, data: bytes) -> None:
-        assert self.response is not None
-        await self.response.write(data)
-
-    async def end(self) -> None:
-        assert self.response is not None
-        await self.response.write_eof()
+    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        """The front answered `status` itself before the request could be dispatched."""
+        ...

@@ -91,7 +91,8 @@ def _sla(headers: Mapping[str, str]) -> SlaTarget | None:
     return SlaTarget(ttft_s=ttft, tpot_s=tpot, strict=strict_raw in _TRUE)
 
 
-def _api_key(headers: Mapping[str, str]) -> str | None:
+def api_key_digest(headers: Mapping[str, str]) -> str | None:
+    """A digest of the bearer token (A/B stickiness by API key, where a split asks for it)."""
     auth = headers.get("authorization")
     if not auth:
         return None
@@ -132,8 +133,7 @@ def describe(
     elif isinstance(user, str) and user:
         sticky = "u:" + user
     else:
-        api_key = _api_key(headers)
-        sticky = "k:" + api_key if api_key else None
+        sticky = None
     return RequestFeatures(
         chain=chain,
         prompt_bytes=len(data),

@@ -42,6 +42,7 @@ class Generation:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
+        await self.proxy.close()  # shadow requests still running are cancelled
 
 
 class Generations:

@@ -1,7 +1,7 @@
-"""The only mutable backend state: health, circuit breaker, in-flight counts, scraped load.
+"""The only mutable backend state: health, outlier ejection, in-flight counts, scraped load.
 
 Everything else reads it through immutable snapshots. Time comes in as arguments (`now`), never from
-a clock read here, so the breaker's state machine is testable without sleeping.
+a clock read here, so outlier ejection (`outliers`) is testable without sleeping.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from backends.base import Adapter, Load
 
 from ..routing.base import BackendView, Snapshot
 from ..settings import Backend
+from .outliers import OutlierRules, Record, Verdict, judge, readmit
 
 
 @dataclass(slots=True)
@@ -21,9 +22,8 @@ class BackendState:
     adapter: Adapter
     probe_ok: bool = True  # optimistic until the first probe says otherwise
     ejected: bool = False
-    ejected_until: float = 0.0
-    consecutive_failures: int = 0
-    ejections: int = 0
+    outliers: Record = field(default_factory=Record)
+    ejections: int = 0  # ever
     in_flight: int = 0
     load: Load = field(default_factory=Load)
     load_scraped_at: float | None = None
@@ -42,6 +42,14 @@ class BackendState:
     def healthy(self) -> bool:
         return self.probe_ok and not self.ejected
 
+    @property
+    def consecutive_failures(self) -> int:
+        return self.outliers.consecutive_failures
+
+    @property
+    def ejected_until(self) -> float | None:
+        return self.outliers.ejected_until
+
     def view(self, output_tokens_per_s: float | None = None) -> BackendView:
         load = self.load
         return BackendView(
@@ -59,22 +67,24 @@ class BackendState:
 
 
 class Pool:
-    """Backend states by name, plus the circuit breaker rule.
+    """Backend states by name, plus the outlier-ejection rule (`outliers`).
 
-    A backend is ejected after `failure_threshold` consecutive failures (connect errors, timeouts,
-    5xx) and stays out for at least `cooldown_s`; after that a passing health probe re-admits it.
+    A backend is ejected on consecutive failures or on its failure rate over a window of completed
+    requests, for longer on each repeat; after that a passing health probe re-admits it.
     """
 
-    def __init__(self, states: Iterable[BackendState], *, failure_threshold: int, cooldown_s: float) -> None:
+    def __init__(self, states: Iterable[BackendState], *, rules: OutlierRules | None = None) -> None:
         self._states = {s.name: s for s in states}
-        self.failure_threshold = failure_threshold
-        self.cooldown_s = cooldown_s
+        self.rules = rules if rules is not None else OutlierRules()
 
     def __getitem__(self, name: str) -> BackendState:
         return self._states[name]
 
     def __iter__(self) -> Iterator[BackendState]:
         return iter(self._states.values())
+
+    def __len__(self) -> int:
+        return len(self._states)
 
     def snapshot(self, names: Iterable[str], throughput: Callable[[str], float | None] | None = None) -> Snapshot:
         """Frozen views of `names`; `throughput(name)` supplies measured output tokens/s (for cost)."""
@@ -86,20 +96,20 @@ class Pool:
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self._states.values())
 
-    def record_success(self, name: str) -> None:
-        self._states[name].consecutive_failures = 0
-
-    def record_failure(self, name: str, now: float, error: str) -> bool:
-        """Count a failure; returns True when this failure ejected the backend."""
+    def judge(self, name: str, ok: bool, now: float, error: str | None = None) -> Verdict:
+        """Record a completed request's verdict on its backend; ejects it when the rules say so."""
         state = self._states[name]
-        state.consecutive_failures += 1
-        state.last_error = error
-        if not state.ejected and state.consecutive_failures >= self.failure_threshold:
+        if not ok:
+            state.last_error = error
+        others = [s for s in self._states.values() if s is not state]
+        verdict = judge(
+            state.outliers, ok, now, self.rules, fleet=len(self._states),
+            ejected_others=sum(s.ejected for s in others), routable_others=sum(s.healthy for s in others),
+        )
+        if verdict.eject_for_s is not None:
             state.ejected = True
-            state.ejected_until = now + self.cooldown_s
             state.ejections += 1
-            return True
-        return False
+        return verdict
 
     def record_probe(self, name: str, ok: bool, now: float, error: str | None = None) -> None:
         state = self._states[name]
@@ -107,9 +117,8 @@ class Pool:
         state.probed_at = now
         if not ok:
             state.last_error = error
-        elif state.ejected and now >= state.ejected_until:
+        elif state.ejected and readmit(state.outliers, now):
             state.ejected = False
-            state.consecutive_failures = 0
 
     def record_load(self, name: str, load: Load, now: float) -> None:
         state = self._states[name]

@@ -15,11 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-
-from .. import json_codec
 from ..access.secrets import Secrets, resolve_secrets
-from ..errors import InvalidRequest
 from ..settings import ConfigError, Settings, load_settings
 from .generations import Generation, Generations
 
@@ -68,21 +64,3 @@ class Reloader:
             log.info("config reloaded: generation %d%s", new.number,
                      f" (restart required for {', '.join(restart)})" if restart else "")
             return Reloaded(new.number, restart)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        """`POST /admin/reload`: 200 with the new generation, or 400 with every error's field path."""
-        try:
-            done = await self.reload()
-        except ReloadRejected as exc:
-            error = InvalidRequest("The new configuration is invalid; the previous one keeps serving.")
-            error.code = "invalid_config"
-            body = {**error.body().as_dict(), "errors": exc.errors}
-            return web.Response(body=json_codec.dumps(body), status=400, content_type="application/json")
-        return web.Response(
-            body=json_codec.dumps({"status": "reloaded", "generation": done.generation,
-                              "restart_required": done.restart_required}),
-            content_type="application/json",
-        )
-
-    def install(self, app: web.Application) -> None:
-        app.router.add_post("/admin/reload", self.handle)

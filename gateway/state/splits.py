@@ -3,6 +3,8 @@
 The assignment itself is pure (`routing.split`); this module holds the one piece of mutable state,
 the current weights, which an admin endpoint may change without a restart. A weight change moves
 only the sessions it must (weighted rendezvous hashing), so changing weights is safe mid-experiment.
+The live splits belong to the app, not to a config generation (`Splits`): a reload that leaves a
+route's split as it was keeps its live weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class LiveArm:
 class LiveSplit:
     def __init__(self, route: Route) -> None:
         assert route.split is not None
+        self.configured = route.split
+        self.sticky = route.split.sticky
         self.salt = route.split.salt or route.model
         self.shadow = route.split.shadow
         self.arms: tuple[LiveArm, ...] = tuple(
@@ -52,3 +56,22 @@ class LiveSplit:
 
     def arm(self, name: str) -> LiveArm:
         return next(a for a in self.arms if a.name == name)
+
+
+class Splits:
+    """The live split of every split route, kept across config reloads while a route's split stays
+    as configured (a changed split starts from the new file's weights)."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, LiveSplit] = {}
+
+    def for_route(self, route: Route) -> LiveSplit:
+        assert route.split is not None
+        live = self._live.get(route.model)
+        if live is None or live.configured != route.split:
+            live = self._live[route.model] = LiveSplit(route)
+        return live
+
+    def retain(self, models: Collection[str]) -> None:
+        for gone in [m for m in self._live if m not in models]:
+            del self._live[gone]
