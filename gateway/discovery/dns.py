@@ -46,7 +46,9 @@ class DnsError(Exception):
 
 
 def make_resolver(nameserver: tuple[str, int] | None, *, timeout_s: float) -> dns.asyncresolver.Resolver:
-    """A resolver for one nameserver (tests point it at a local server), or the system's."""
+    """A resolver for one nameserver (tests point it at a local server), or the system's
+    (/etc/resolv.conf; raises `dns.resolver.NoResolverConfiguration` when there is none).
+    `timeout_s` bounds a whole query, shared among the nameservers; nothing is cached."""
     if nameserver is None:
         resolver = dns.asyncresolver.Resolver(configure=True)
     else:
@@ -54,7 +56,7 @@ def make_resolver(nameserver: tuple[str, int] | None, *, timeout_s: float) -> dn
         resolver.nameservers = [nameserver[0]]
         resolver.port = nameserver[1]
     resolver.lifetime = timeout_s
-    resolver.timeout = timeout_s
+    resolver.timeout = timeout_s / max(1, len(resolver.nameservers))
     resolver.cache = None
     return resolver
 
@@ -66,7 +68,8 @@ class DnsSource:
         self,
         name: str,
         *,
-        resolver: dns.asyncresolver.Resolver,
+        nameserver: tuple[str, int] | None = None,
+        timeout_s: float = 2.0,
         host: str | None = None,
         port: int | None = None,
         srv: str | None = None,
@@ -80,7 +83,9 @@ class DnsSource:
         if (host is None) == (srv is None) or (host is not None and port is None):
             raise ValueError("DnsSource needs `host` and `port`, or `srv`")
         self._name = name
-        self._resolver = resolver
+        self._nameserver = nameserver
+        self._timeout_s = timeout_s
+        self._resolver: dns.asyncresolver.Resolver | None = None  # made at the first resolution
         self._host = host
         self._port = port
         self._srv = srv
@@ -131,9 +136,11 @@ class DnsSource:
     async def _query(self, name: str, rdtype: dns.rdatatype.RdataType) -> list[dns.rdata.Rdata]:
         kind = rdtype.name
         try:
+            if self._resolver is None:  # here, so that a missing resolv.conf is a failure to retry
+                self._resolver = make_resolver(self._nameserver, timeout_s=self._timeout_s)
             answer = await self._resolver.resolve(name, rdtype, raise_on_no_answer=False, search=self._search)
         except dns.resolver.NXDOMAIN:
             return []
-        except (dns.exception.DNSException, OSError) as exc:  # timeouts, SERVFAIL, REFUSED, unreachable
+        except (dns.exception.DNSException, OSError) as exc:  # timeouts, SERVFAIL, REFUSED, no resolv.conf
             raise DnsError(f"{kind} {name}: {type(exc).__name__}: {exc}") from None
         return [] if answer.rrset is None else list(answer.rrset)

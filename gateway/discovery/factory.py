@@ -28,12 +28,13 @@ def make_source(
     replace the in-cluster credential locations (tests)."""
     rng = rng or random.Random()
     if entry.dns is not None:
-        from .dns import DnsSource, make_resolver
+        from .dns import DnsSource
 
         cfg = entry.dns
         return DnsSource(
             entry.name,
-            resolver=make_resolver(cfg.nameserver, timeout_s=cfg.timeout_s),
+            nameserver=cfg.nameserver,
+            timeout_s=cfg.timeout_s,
             host=cfg.host,
             port=cfg.port,
             srv=cfg.srv,

@@ -2,7 +2,8 @@
 
 A source sleeps only through the `sleep` it is given. `StepSleep` is that sleep: it records the delay
 asked for and waits until the test calls `step()`, which returns once the source has made exactly
-one more attempt and is asleep again. So a test says "resolve once more" instead of sleeping.
+one more attempt and is asleep again (or `wake()`, which does not wait: for a watch that then
+lasts). So a test says "try once more" instead of sleeping.
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ class StepSleep:
         """Wait until the source has gone to sleep `count` times in all."""
         await until(lambda: len(self.asked) >= count, within_s)
 
-    async def step(self, within_s: float = 10.0) -> None:
-        before = len(self.asked)
+    def wake(self) -> None:
+        """End the current sleep (the source goes on: one more attempt, or a watch that lasts)."""
         self._permits.release()
+
+    async def step(self, within_s: float = 10.0) -> None:
+        """End the current sleep and wait until the source sleeps again (one more attempt made)."""
+        before = len(self.asked)
+        self.wake()
         await until(lambda: len(self.asked) > before, within_s)
 
 
@@ -84,6 +90,9 @@ class Follower:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+Follow = Callable[..., tuple[Follower, StepSleep]]  # the `follow` fixture: entry -> (follower, its sleep)
 
 
 def endpoints(port: int, *addresses: str) -> frozenset[Endpoint]:

@@ -3,15 +3,11 @@ SRV from its command line). Each `step()` lets the source resolve exactly once m
 
 from __future__ import annotations
 
-import random
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
+from gateway.discovery import DiscoveryEntry, backends_of
 
-from gateway.discovery import DiscoveryEntry, backends_of, make_source
-
-from .harness import Dnsmasq, Follower, StepSleep, endpoints
+from .harness import Dnsmasq, Follow, Follower, endpoints
 
 INTERVAL_S = 5.0
 SOURCE = "pool"
@@ -24,26 +20,11 @@ def entry(dnsmasq: Dnsmasq, **dns: Any) -> DiscoveryEntry:
     })
 
 
-@pytest.fixture
-async def follow() -> AsyncIterator[Callable[[DiscoveryEntry], tuple[Follower, StepSleep]]]:
-    followers: list[Follower] = []
-
-    def start(config: DiscoveryEntry) -> tuple[Follower, StepSleep]:
-        sleep = StepSleep()
-        source = make_source(config, sleep=sleep, clock=lambda: 100.0, rng=random.Random(3))
-        followers.append(Follower(source))
-        return followers[-1], sleep
-
-    yield start
-    for follower in followers:
-        await follower.close()
-
-
 def total(follower: Follower, name: str, **labels: str) -> float:
     return follower.metric(f"gateway_discovery_{name}", SOURCE, **labels)
 
 
-async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Callable[..., tuple[Follower, StepSleep]]) -> None:
+async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Follow) -> None:
     dnsmasq.write_hosts({"pool.test": ["127.0.0.2", "127.0.0.3"], "other.test": ["127.0.0.9"]})
     dnsmasq.start()
     follower, sleep = follow(entry(dnsmasq, host="pool.test", port=8000))
@@ -76,7 +57,7 @@ async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Callable[..., 
 
 
 async def test_a_stopped_server_keeps_the_last_set_and_a_restarted_one_is_followed_again(
-    dnsmasq: Dnsmasq, follow: Callable[..., tuple[Follower, StepSleep]],
+    dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
     dnsmasq.write_hosts({"pool.test": ["127.0.0.2", "127.0.0.3"]})
     dnsmasq.start()
@@ -103,7 +84,7 @@ async def test_a_stopped_server_keeps_the_last_set_and_a_restarted_one_is_follow
 
 
 async def test_a_name_that_disappears_empties_the_pool(
-    dnsmasq: Dnsmasq, follow: Callable[..., tuple[Follower, StepSleep]],
+    dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
     dnsmasq.write_hosts({"pool.test": ["127.0.0.2"], "other.test": ["127.0.0.9"]})
     dnsmasq.start()
@@ -120,7 +101,7 @@ async def test_a_name_that_disappears_empties_the_pool(
 
 
 async def test_aaaa_records_join_with_bracketed_names(
-    dnsmasq: Dnsmasq, follow: Callable[..., tuple[Follower, StepSleep]],
+    dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
     dnsmasq.write_hosts({"dual.test": ["127.0.0.2", "::1"]})
     dnsmasq.start()
@@ -133,7 +114,7 @@ async def test_aaaa_records_join_with_bracketed_names(
 
 
 async def test_srv_records_give_each_target_its_port(
-    dnsmasq: Dnsmasq, follow: Callable[..., tuple[Follower, StepSleep]],
+    dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
     dnsmasq.write_hosts({"a.pool.test": ["127.0.0.2"], "b.pool.test": ["127.0.0.3", "127.0.0.4"]})
     dnsmasq.start(srv=["_http._tcp.pool.test,a.pool.test,8001", "_http._tcp.pool.test,b.pool.test,8002,10,5"])
