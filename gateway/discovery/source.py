@@ -99,6 +99,8 @@ async def changes(source: Source, *, metrics: DiscoveryMetrics | None = None) ->
     """Follow `source` forever, yielding only changes of its endpoint set (see the module docstring)."""
     known: frozenset[Endpoint] | None = None
     failing = False
+    if metrics is not None:
+        metrics.declare(source.name)
     async with aclosing(source.observe()) as observations:
         async for observation in observations:
             if isinstance(observation, Failed):

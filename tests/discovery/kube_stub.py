@@ -2,7 +2,8 @@
 
 No API server can run on these machines, so this speaks the part of its protocol discovery uses,
 as the API concepts documentation describes it:
-- list: `{"kind": "...List", "metadata": {"resourceVersion": "N"}, "items": [...]}`;
+- list: `{"kind": "...List", "metadata": {"resourceVersion": "N"}, "items": [...]}`, in pages of
+  `limit` items with a `continue` token when asked;
 - watch (`?watch=true&resourceVersion=N&allowWatchBookmarks=true`): a chunked stream of one JSON
   event per line, ADDED / MODIFIED / DELETED / BOOKMARK, replaying every logged change after N;
 - history is kept like etcd's: after `compact()`, a watch from an older version gets HTTP 410 with a
@@ -166,9 +167,14 @@ class KubeStub:
         if seen.watch:
             return await self._watch(request, seen, selector)
         items = [o for o in self.objects.values() if _matches(o, selector)]
+        meta: dict[str, Any] = {"resourceVersion": str(self.version)}
+        if "limit" in seen.params:  # pages; the continue token is the offset of the next one
+            start, limit = int(seen.params.get("continue", "0")), int(seen.params["limit"])
+            items, rest = items[start:start + limit], items[start + limit:]
+            if rest:
+                meta["continue"] = str(start + limit)
         kind = "PodList" if self.kind == "pods" else "EndpointSliceList"
-        return _json(200, {"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(self.version)},
-                           "items": items})
+        return _json(200, {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items})
 
     async def _watch(self, request: web.Request, seen: Seen, selector: dict[str, str]) -> web.StreamResponse:
         since = int(seen.resource_version or self.version)

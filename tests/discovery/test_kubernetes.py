@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from gateway.discovery import DiscoveryEntry
+from gateway.discovery.kubernetes import KubernetesSource
+from gateway.discovery.kubernetes_auth import Credentials
 
 from .harness import Follow, Follower, StepSleep, endpoints, until
 from .kube_stub import KubeStub, endpoint_slice, pod
@@ -211,6 +213,26 @@ async def test_a_watch_that_ends_at_once_without_events_backs_off(
     sleep.wake()
     await until(lambda: stub.open_watches == 1)
     assert history(stub) == [("list", None), ("watch", "101"), ("watch", "101")]
+
+
+async def test_a_list_in_pages_is_read_to_the_end(kube_stub: StubFactory, tmp_path: Path) -> None:
+    stub = kube_stub("pods")
+    for n in range(5):
+        stub.add(pod(f"p{n}", f"127.0.0.{n + 2}"))
+    await stub.start()
+    source = KubernetesSource(
+        SOURCE, credentials=Credentials(kubeconfig=kubeconfig(tmp_path / "kc", stub), context="stub"),
+        label_selector="app=sglang", port=PORT, page_size=2,
+    )
+    follower = Follower(source)
+    try:
+        assert await follower.changed(1) == endpoints(PORT, *(f"127.0.0.{n + 2}" for n in range(5)))
+        await until(lambda: stub.open_watches == 1)
+    finally:
+        await follower.close()
+    pages = [(r.params.get("limit"), r.params.get("continue")) for r in stub.requests if not r.watch]
+    assert pages == [("2", None), ("2", "2"), ("2", "4")]
+    assert stub.watches[0].resource_version == "105"
 
 
 async def test_a_missing_kubeconfig_is_an_error_retried(follow: Follow, tmp_path: Path) -> None:
