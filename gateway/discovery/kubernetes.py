@@ -11,7 +11,8 @@ every failed attempt. The protocol, as client-go's reflector runs it:
 3. The watch ends normally (the server's timeout): watch again from the last resourceVersion.
 4. `410 Gone` (as the HTTP status of the watch or list, or as an ERROR event with code 410): that
    resourceVersion is too old; list again at once (not counted as an error, and the new list
-   replaces the store, so objects deleted meanwhile leave).
+   replaces the store, so objects deleted meanwhile leave). A second 410 before any event waits
+   a backoff first, so that a server which keeps answering 410 is not hammered.
 5. Any other failure (refused connection, dropped stream, timeout, 5xx, 401/403, malformed data):
    counted, then after backoff a new client (credentials re-read) watches again from the last
    resourceVersion, or lists if there was no list yet. The last known set stays in force.
@@ -126,6 +127,7 @@ class KubernetesSource:
         store = Store(self._contribute)
         version: str | None = None  # None: (re-)list before watching
         failures = 0
+        expired = 0  # 410s in a row without an event between them
         api: ApiClient | None = None
         call: ListCall | None = None
         try:
@@ -141,13 +143,16 @@ class KubernetesSource:
                         yield Resolved(store.endpoints())
                     async with aclosing(self._watch(call, version)) as events:
                         async for event in events:
-                            failures = 0
+                            failures = expired = 0
                             version = event.resource_version or version
                             if event.type != "BOOKMARK":
                                 store.apply(event)
                                 yield Resolved(store.endpoints())
                 except ResourceExpired:
-                    version = None  # too old: list again, now
+                    version = None  # too old: list again, at once the first time
+                    expired += 1
+                    if expired > 1:  # a server whose fresh list is already too old to watch from
+                        await self._sleep(self._backoff.delay(expired - 1, self._rng))
                 except _FAILURES as exc:
                     failures += 1
                     yield Failed(f"{type(exc).__name__}: {exc}")

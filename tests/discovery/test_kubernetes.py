@@ -127,6 +127,21 @@ async def test_410_as_an_error_event_relists_at_once_and_the_relist_closes_the_g
     assert sleep.asked == []  # relisted without waiting
 
 
+async def test_410_again_and_again_backs_off(kube_stub: StubFactory, follow: Follow, tmp_path: Path) -> None:
+    stub = kube_stub("pods")
+    stub.add(pod("a", "127.0.0.2"))
+    stub.compacted = 10**9  # every watch is too old, even from a fresh list
+    follower, sleep = await pods_source(stub, tmp_path, follow)
+    assert await follower.changed(1) == endpoints(PORT, "127.0.0.2")
+    await sleep.asleep(1)
+    assert history(stub) == [("list", None), ("watch", "101"), ("list", None), ("watch", "101")]
+    await sleep.step()
+    assert len(stub.requests) == 6
+    assert sleep.asked == sorted(sleep.asked)
+    assert sleep.asked[1] > sleep.asked[0]
+    assert total(follower, "errors_total") == 0
+
+
 async def test_a_dropped_watch_resumes_from_the_last_version_and_http_410_relists(
     kube_stub: StubFactory, follow: Follow, tmp_path: Path,
 ) -> None:
