@@ -8,6 +8,7 @@ made (list or watch, and from which resourceVersion) and the counters.
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -302,8 +303,6 @@ def certificates(directory: Path) -> tuple[Path, Path, Path]:
 async def test_in_cluster_credentials_over_tls_and_a_rotated_token(
     kube_stub: StubFactory, follow: Follow, tmp_path: Path,
 ) -> None:
-    import ssl
-
     ca, cert, key = certificates(tmp_path)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)
