@@ -45,10 +45,18 @@ check: install  ## lint and types
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-system-deps:  ## Debian packages the browser test and benchmarks use (chromium, wrk, nginx); needs root
-	@if ! command -v chromium >/dev/null || ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk nginx-light >/dev/null; \
-		else echo "install chromium, wrk and nginx-light (apt-get) for the browser test and benchmarks"; fi; fi
+# dnsmasq-base is the dnsmasq binary alone (the `dnsmasq` package would also start a system service);
+# tests/discovery runs it on loopback. openssl makes the TLS certificates of the in-cluster test.
+system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, nginx, dnsmasq, openssl); needs root
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v nginx >/dev/null || missing="$$missing nginx-light"; \
+	command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || missing="$$missing dnsmasq-base"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else echo "install$$missing (apt-get) for the browser and discovery tests and benchmarks"; fi; fi
 
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
