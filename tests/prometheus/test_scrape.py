@@ -20,7 +20,7 @@ from .queries import (
     substitute,
 )
 from .stack import OBSERVABILITY_WIRED, WORKERS
-from .tools import Prometheus, PromQLError, finite, label_matchers
+from .tools import Prometheus, finite, label_matchers
 
 PENDING = pytest.mark.xfail(
     reason="reads gateway.observability families: not yet wired in gateway/app.py (stack.OBSERVABILITY_WIRED)",
@@ -139,19 +139,16 @@ def test_dashboard_query_answers_with_data(stack: Stack, query: Query) -> None:
     """With every template variable at "All" (the real values, as Grafana expands them)."""
     p = stack.prometheus
     expr = substitute(query.expr, resolve_variables(label_values(p), pick="all"))
-    try:
-        result = p.query(expr)
-    except PromQLError as exc:
-        pytest.fail(f"{query.where}: {exc}")
-    assert finite(result), f"{query.where}: no data for {expr}"
+    assert finite(p.query(expr)), f"{query.where}: no data for {expr}"  # (an invalid query raises PromQLError)
 
 
 def test_dashboard_queries_evaluate_with_one_value_per_variable(stack: Stack) -> None:
     p = stack.prometheus
     variables = resolve_variables(label_values(p), pick="first")
-    assert variables == {"route": "(ab)", "runtime": "(sglang)", "backend": "(sglang\\-a)"} or variables
+    assert sorted(variables) == ["backend", "route", "runtime"]
+    assert all("|" not in v for v in variables.values()), variables
     for q in DASHBOARD_QUERIES:
-        p.query(substitute(q.expr, variables))  # raises on an invalid query
+        p.query(substitute(q.expr, variables))  # raises PromQLError on an invalid query
 
 
 def test_the_dashboard_has_route_runtime_and_backend_variables_and_uses_the_recording_rules() -> None:
@@ -177,10 +174,7 @@ def test_recording_rule_answers_with_data(stack: Stack, record: str, labels: dic
 
 @pytest.mark.parametrize(("alert", "expr"), [pytest.param(a, e, id=a) for a, e in alerting_rules()])
 def test_alert_expression_evaluates(stack: Stack, alert: str, expr: str) -> None:
-    try:
-        stack.prometheus.query(expr)
-    except PromQLError as exc:
-        pytest.fail(f"{alert}: {exc}")
+    assert isinstance(stack.prometheus.query(expr), list)  # raises PromQLError on an invalid query
 
 
 def test_prometheus_loaded_every_rule_and_evaluates_each_without_error(stack: Stack) -> None:
