@@ -109,7 +109,11 @@ def force_include_usage(options: object) -> object:
 
 def rewrite_model(body: bytes, model: str) -> Reply:
     """Set the top-level `model` of a JSON object body and read its usage, parsing it once; other
-    bodies pass through untouched."""
+    bodies pass through untouched.
+
+    The rename is a byte replacement of the backend's `"model":"<name>"` (with or without the space
+    after the colon) when that key occurs exactly once, which is the top-level one; the body is only
+    re-serialised when the bytes do not allow that."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -117,8 +121,15 @@ def rewrite_model(body: bytes, model: str) -> Reply:
     if not isinstance(obj, dict):
         return Reply(body, None)
     usage = parse_usage(obj)
-    if obj.get("model") == model:
+    old = obj.get("model")
+    if old == model:
         return Reply(body, usage)
+    if isinstance(old, str):
+        quoted, new = orjson.dumps(old), orjson.dumps(model)
+        for sep in (b":", b": "):
+            key = b'"model"' + sep + quoted
+            if body.count(key) == 1 and body.count(b'"model"') == 1:
+                return Reply(body.replace(key, b'"model"' + sep + new), usage)
     obj["model"] = model
     return Reply(orjson.dumps(obj), usage)
 

@@ -7,9 +7,12 @@ needs neither: its deadlines are seconds long and a few milliseconds of lateness
 `Deadlines` keeps every deadline of a loop in slots of `tick_s` and runs one timer, at the earliest
 slot that holds any; entering and leaving a `Deadline` is a set insertion and removal.
 
-The semantics are the standard library's: when the delay passes (up to one tick late), the task is
+The semantics are the standard library's (`asyncio.timeout`, tested side by side in
+tests/unit/gateway/test_deadline.py): when the delay passes (up to one tick late), the task is
 cancelled and the CancelledError that comes out of the block becomes TimeoutError; a cancellation
-from elsewhere (the client went away) stays a cancellation.
+from elsewhere (the client went away) stays a cancellation, also when it arrives together with the
+expiry; nested deadlines each convert only their own expiry; a block that swallows the cancellation
+exits normally, with the task's cancellation count restored.
 """
 
 from __future__ import annotations
@@ -77,13 +80,14 @@ class Deadlines:
 
 
 class Deadline:
-    __slots__ = ("_deadlines", "_delay_s", "_slot", "_task", "expired")
+    __slots__ = ("_cancelling", "_deadlines", "_delay_s", "_slot", "_task", "expired")
 
     def __init__(self, deadlines: Deadlines, delay_s: float) -> None:
         self._deadlines = deadlines
         self._delay_s = delay_s
         self._slot = 0
         self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
         self.expired = False
 
     def __enter__(self) -> Deadline:
@@ -91,6 +95,7 @@ class Deadline:
         if task is None:
             raise RuntimeError("Deadline must be used inside a task of its loop")
         self._task = task
+        self._cancelling = task.cancelling()
         self._slot = self._deadlines._add(self, self._delay_s)
         return self
 
@@ -104,5 +109,5 @@ class Deadline:
     ) -> None:
         assert self._task is not None
         self._deadlines._remove(self, self._slot)
-        if self.expired and self._task.uncancel() == 0 and exc_type is asyncio.CancelledError:
+        if self.expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc

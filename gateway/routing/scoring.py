@@ -131,7 +131,7 @@ class Prediction(NamedTuple):
 
 
 def predict(snapshot: Snapshot, features: RequestFeatures, view: BackendView, hit: int) -> Prediction:
-    """The readable form of what `sla.screen` computes inline for every candidate."""
+    """What the latency model predicts for this request on `view`, given its prefix hit."""
     model = snapshot.latency.get(view.name)
     if model is None:
         return Prediction(view, hit, None, None)

@@ -27,8 +27,7 @@ from backends.values import value
 
 from .affinity import PrefixAffinity
 from .base import UNIT_TOKENS, BackendView, Decision, Policy, RouteRequest, SlaTarget, Snapshot
-from .latency import ITL_BUCKETS
-from .scoring import Prediction, argmin, cost_rank, hits_for
+from .scoring import Prediction, argmin, cost_rank, hits_for, predict
 
 MAX_RETRY_AFTER_S = 60.0
 HEADROOM = 0.8
@@ -78,9 +77,8 @@ def screen(
     (it is "unknown"), so SLA traffic is not used to explore while a learned backend is predicted to
     meet the target; requests without targets explore freely.
 
-    This runs for every candidate of every SLA request, so the prefix scorer and the latency model
-    are inlined here (see `scoring.hit_tokens` and `LatencyModel.ttft_s`/`tpot_s` for the readable
-    versions, which the tests check this against).
+    The predictions are `scoring.predict` (`LatencyModel.ttft_s` and `tpot_s`): the one formula,
+    which `/admin/backends` shows too.
     """
     feasible: list[Prediction] = []
     unknown: list[Prediction] = []
@@ -88,7 +86,6 @@ def screen(
     pending: list[int] = []
     fastest: Prediction | None = None
     features = req.features
-    prompt_tokens = features.prompt_tokens
     models = snapshot.latency
     inf = math.inf
     # A missing target is an infinite one.
@@ -96,46 +93,26 @@ def screen(
     want_tpot = inf if target.tpot_s is None else target.tpot_s * headroom
     need_ttft, need_tpot = target.ttft_s is not None, target.tpot_s is not None
     candidates = snapshot.healthy(req.exclude)
-    new = tuple.__new__  # Prediction(...) without the NamedTuple's Python-level __new__
-    get_model = models.get
     ft = fo = inf
     for view, hit in zip(candidates, hits_for(snapshot, features, candidates), strict=True):
-        model = get_model(view.name)
-        if model is None:
-            ttft = tpot = None
-            t = o = inf
-            cold, waits = True, 0
-        else:
-            cold, waits = model.ttft_samples < warm_samples, model.pending
-            rate = model.prefill_tokens_per_s
-            if rate is None:
-                ttft, t = None, inf
-            else:  # LatencyModel.ttft_s, inlined
-                ahead = model.backlog_tokens
-                waiting, mean = view.waiting, model.mean_uncached_tokens
-                if waiting and mean and waiting * mean > ahead:
-                    ahead = waiting * mean
-                uncached = prompt_tokens - hit
-                ttft = t = model.base_ttft_s + (ahead + (uncached if uncached > 0 else 0)) / rate
-            running = view.running if view.running is not None else view.in_flight
-            bucket = int(running + 1).bit_length() - 1  # latency.itl_bucket, inlined
-            tpot = model.itl_s[0 if bucket < 0 else (bucket if bucket < ITL_BUCKETS else ITL_BUCKETS - 1)]
-            o = inf if tpot is None else tpot
-        p = None
+        p = predict(snapshot, features, view, hit)
+        model = models.get(view.name)
+        cold = model is None or model.ttft_samples < warm_samples
+        waits = model.pending if model is not None else 0
+        ttft, tpot = p.ttft_s, p.tpot_s
+        t = inf if ttft is None else ttft
+        o = inf if tpot is None else tpot
         if (ttft is not None and t > want_ttft) or (tpot is not None and o > want_tpot):
             pass  # known to miss
         elif (need_ttft and (ttft is None or cold)) or (need_tpot and tpot is None):
-            p = new(Prediction, (view, hit, ttft, tpot))
             unknown.append(p)
             pending.append(waits)
             if ttft is None and not waits:
                 probes.append(p)
         else:
-            p = new(Prediction, (view, hit, ttft, tpot))
             feasible.append(p)
         if fastest is None or t < ft or (t == ft and o < fo):
-            fastest = p if p is not None else new(Prediction, (view, hit, ttft, tpot))
-            ft, fo = t, o
+            fastest, ft, fo = p, t, o
     return Screen(tuple(feasible), tuple(unknown), fastest, tuple(probes), tuple(pending))
 
 

@@ -255,3 +255,24 @@ def test_gateway_metrics_parse(http: httpx.Client) -> None:
     resp = http.get("/metrics")
     assert resp.status_code == 200
     assert list(text_string_to_metric_families(resp.text))
+
+
+def test_two_clients_with_the_same_request_id_are_both_served(client: openai.OpenAI) -> None:
+    """vLLM takes X-Request-Id as its engine request id and refuses or mixes up duplicates. The
+    client's id is the client's: it is echoed back, and upstream each attempt carries the gateway's
+    own, so two concurrent clients that happen to send the same id are both served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(_: int) -> tuple[str, str, str]:
+        raw = client.chat.completions.with_raw_response.create(
+            model=ROUTE_MODEL, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=24,
+            extra_headers={"x-request-id": "same-id-from-two-clients"},
+        )
+        reply = raw.parse()
+        assert reply.choices[0].message.content is not None
+        return raw.headers["x-request-id"], reply.id, reply.choices[0].message.content
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(ask, range(2)))
+    assert [a[0] for a in answers] == ["same-id-from-two-clients"] * 2
+    assert answers[0][1] != answers[1][1]  # vLLM saw two distinct engine request ids

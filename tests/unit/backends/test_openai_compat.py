@@ -172,3 +172,17 @@ def test_stream_error_event_payload_of_vllm_normalises() -> None:
     assert VLLMAdapter().normalise_error(500, body) == ErrorBody(
         "Internal server error", "InternalServerError", None, 500
     )
+
+
+def test_the_model_is_renamed_in_place_without_reserialising() -> None:
+    from backends.openai_compat import rewrite_model
+
+    body = (b'{"id":"chatcmpl-1","object":"chat.completion","model":"tiny-moe","choices":[{"index":0,'
+            b'"message":{"role":"assistant","content":"a \\"model\\":\\"tiny-moe\\" in text"}}],'
+            b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}')
+    reply = rewrite_model(body, "deepseek-v3")
+    assert reply.body == body.replace(b'"model":"tiny-moe"', b'"model":"deepseek-v3"', 1)  # byte for byte
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 2
+    spaced = b'{"id": "x", "model": "tiny-moe", "choices": []}'
+    assert rewrite_model(spaced, "m").body == b'{"id": "x", "model": "m", "choices": []}'

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from types import TracebackType
 
 import pytest
 
-from gateway.proxy.deadlines import Deadlines
+from gateway.proxy.deadlines import Deadline, Deadlines
 
 
 def deadlines() -> Deadlines:
@@ -110,3 +111,109 @@ async def test_outside_a_task_it_refuses() -> None:
 
     loop.call_soon(outside)
     assert "inside a task" in str(await refused)
+
+
+# -- the standard library's semantics where they are subtle: each case runs on asyncio.timeout too ------
+
+
+def ours(delay_s: float) -> Deadline:
+    return Deadlines(asyncio.get_running_loop(), tick_s=0.005).after(delay_s)
+
+
+KINDS = ["stdlib", "ours"]
+
+
+class Scope:
+    """One interface over both: `async with` for asyncio.timeout, `with` for ours."""
+
+    def __init__(self, kind: str, delay_s: float) -> None:
+        self._stdlib = asyncio.timeout(delay_s) if kind == "stdlib" else None
+        self._ours = ours(delay_s) if kind == "ours" else None
+
+    async def __aenter__(self) -> Scope:
+        if self._stdlib is not None:
+            await self._stdlib.__aenter__()
+        elif self._ours is not None:
+            self._ours.__enter__()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if self._stdlib is not None:
+            await self._stdlib.__aexit__(kind, exc, tb)
+            return None
+        assert self._ours is not None
+        self._ours.__exit__(kind, exc, tb)
+        return None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_nested_inner_expiry_is_the_inner_ones(kind: str) -> None:
+    outcome = []
+    async with Scope(kind, 5.0):
+        try:
+            async with Scope(kind, 0.01):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            outcome.append("inner")
+    assert outcome == ["inner"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_nested_outer_expiry_passes_through_the_inner_block(kind: str) -> None:
+    inner_saw = []
+
+    async def nested() -> None:
+        async with Scope(kind, 0.01):
+            try:
+                async with Scope(kind, 5.0):
+                    await asyncio.Event().wait()
+            except TimeoutError:
+                inner_saw.append("timeout")  # the inner block must not claim the outer expiry
+                raise
+            except asyncio.CancelledError:
+                inner_saw.append("cancelled")
+                raise
+
+    with pytest.raises(TimeoutError):
+        await nested()
+    assert inner_saw == ["cancelled"]
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_swallowed_cancellation_exits_normally_and_leaves_no_pending_cancel(kind: str) -> None:
+    swallowed = []
+    async with Scope(kind, 0.01):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.append(True)
+    assert swallowed == [True]
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+    await asyncio.sleep(0)  # not cancelled afterwards
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_outside_cancellation_stays_a_cancellation_even_at_expiry(kind: str) -> None:
+    started = asyncio.Event()
+
+    async def victim() -> str:
+        try:
+            async with Scope(kind, 0.05):
+                started.set()
+                await asyncio.Event().wait()
+        except TimeoutError:
+            return "timeout"
+        return "done"
+
+    task = asyncio.create_task(victim())
+    await started.wait()
+    task.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await task

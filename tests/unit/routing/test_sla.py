@@ -157,7 +157,7 @@ def test_decide_keeps_the_inner_policys_prefix_view() -> None:
     assert (choice.backend, choice.reason) == ("b", "affinity")
 
 
-def test_inlined_screen_matches_the_readable_predictions() -> None:
+def test_screen_predicts_with_the_latency_model() -> None:
     state = RoutingState()
     learned(state, "a", tokens_per_s=3000, itl_s=0.02)
     learned(state, "b", tokens_per_s=9000, itl_s=0.04)
