@@ -117,7 +117,8 @@ async def build(
     stats = StatsBook(settings, started_at=clock(), weights=weights)
     routing = RoutingState()  # prefix memory and latency estimators outlive config generations
     splits = Splits()  # so do live A/B weights, while a route's split stays as configured
-    recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record])
+    arms = observability.ArmMetrics(registry)
+    recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
     guard = Guard(generations, KeyLimiter(clock), registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))
@@ -145,8 +146,7 @@ async def build(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
         client_max_size=settings.limits.max_body_bytes,
     )
-    health = observability.install(app, registry, backends=lambda: generations.current.settings.backends,
-                                   observers=recorder.observers)
+    health = observability.install(app, registry, backends=lambda: generations.current.settings.backends)
     health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,

@@ -7,9 +7,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from .arms import ArmMetrics
 from .info import PriceCollector, PricedBackend
-from .outcome import Outcome
 from .process import SelfHealth
 
 
@@ -18,11 +16,10 @@ def install(
     registry: CollectorRegistry,
     *,
     backends: Callable[[], Iterable[PricedBackend]],
-    observers: list[Callable[[Outcome], None]],
     connections: dict[str, Callable[[], int]] | None = None,
 ) -> SelfHealth:
-    """Register the self-health, price and per-arm families on `registry`, run the event-loop probe
-    for the application's lifetime, and append the per-arm observer to `observers` (a Recorder's).
+    """Register the self-health and price families on `registry` and run the event-loop probe for
+    the application's lifetime (the per-arm families, `ArmMetrics`, are a Recorder observer).
 
     `backends()` returns the live config's backends (read at every scrape). Connection counts can be
     given now or added later with `health.connections.add(side, count)` on the returned object (the
@@ -30,5 +27,4 @@ def install(
     health = SelfHealth(registry, connections=connections)
     app.cleanup_ctx.append(health.lifetime)
     registry.register(PriceCollector(backends))
-    observers.append(ArmMetrics(registry).record)
     return health

@@ -64,7 +64,7 @@ class Recorder:
         observers: Iterable[Callable[[Outcome], None]] = (),
     ) -> None:
         self._clock = clock
-        self.observers = list(observers)
+        self.observers = tuple(observers)
         base = ("backend", "runtime", "model")
         def histogram(name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> FastHistogram:
             h = FastHistogram(name, doc, labels, buckets)
