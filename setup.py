@@ -14,9 +14,9 @@ import os
 from setuptools import setup
 
 # The modules every proxied request runs through. Nothing outside this list may subclass a class
-# defined in it (compiled classes cannot have interpreted subclasses). The exception tree
-# (`errors.py`) stays interpreted: compiled, its class-level defaults (`code = None`) were missing
-# on instances of the base class.
+# defined in it (compiled classes cannot have interpreted subclasses). The exception trees
+# (`errors.py`, `client/errors.py`) stay interpreted: compiled, class-level defaults (`code = None`)
+# were missing on instances of the base class.
 NATIVE = [
     "backends/base.py",
     "backends/chat_templates.py",
@@ -25,16 +25,26 @@ NATIVE = [
     "backends/trtllm.py",
     "backends/vllm.py",
     "gateway/access/auth.py",
-    "gateway/proxy/deadlines.py",
-    "gateway/proxy/exchange.py",
+    "gateway/client/connection.py",
+    "gateway/client/pool.py",
+    "gateway/client/response.py",
     "gateway/http/native_front.py",
-    "gateway/state/generations.py",
     "gateway/json_codec.py",
-    "gateway/observability/metrics.py",
-    "gateway/proxy/request.py",
-    "gateway/state/pool.py",
+    "gateway/observability/arms.py",
     "gateway/observability/lockfree.py",
+    "gateway/observability/metrics.py",
+    "gateway/observability/outcome.py",
+    "gateway/observability/reservoir.py",
+    "gateway/proxy/accounting.py",
+    "gateway/proxy/attempts.py",
+    "gateway/proxy/deadlines.py",
+    "gateway/proxy/dispatch.py",
+    "gateway/proxy/exchange.py",
+    "gateway/proxy/relay.py",
+    "gateway/proxy/request.py",
+    "gateway/proxy/routes.py",
     "gateway/proxy/service.py",
+    "gateway/proxy/shadow.py",
     "gateway/proxy/sse.py",
     "gateway/routing/__init__.py",
     "gateway/routing/affinity.py",
@@ -50,10 +60,13 @@ NATIVE = [
     "gateway/routing/sla.py",
     "gateway/routing/split.py",
     "gateway/routing/state.py",
+    "gateway/state/generations.py",
+    "gateway/state/outliers.py",
+    "gateway/state/pool.py",
+    "gateway/state/splits.py",
     "gateway/stats/book.py",
     "gateway/stats/quantiles.py",
     "gateway/stats/window.py",
-    "gateway/client/pool.py",
 ]
 
 ext_modules = []
