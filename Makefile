@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native pure run check test test-fast test-pure real-env system-deps bench clean
+.PHONY: install native pure run check test test-fast test-pure real-env system-deps prometheus bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,10 +58,13 @@ system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, ng
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 		else echo "install$$missing (apt-get) for the browser and discovery tests and benchmarks"; fi; fi
 
+prometheus:  ## real prometheus + promtool for tests/prometheus (Debian's package, unpacked into ~/.cache/igw; no service)
+	@bash scripts/prometheus/fetch.sh >/dev/null
+
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
-test: install system-deps real-env check  ## everything CI runs: lint, types, unit, integration, emulator and real-vLLM tiers
+test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, unit, integration, emulator, Prometheus and real-vLLM tiers
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-pure
 
@@ -73,7 +76,7 @@ test-pure: install  ## the unit tier against the pure-Python sources
 	find build/pure -name '*.so' -delete
 	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 
-test-fast: install  ## the tiers without real vLLM
+test-fast: install prometheus  ## the tiers without real vLLM
 	$(VENV)/bin/pytest -m "not real"
 
 bench: install

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from backends.base import Adapter
 from backends.registry import adapter_for
 
+from . import observability
 from .access.auth import Guard
 from .access.ratelimit import KeyLimiter
 from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
@@ -33,6 +34,7 @@ from .http.aiohttp_server import GatewayRunner
 from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
 from .observability.metrics import Recorder
+from .observability.process import SelfHealth
 from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
 from .proxy.service import Proxy
@@ -83,6 +85,8 @@ class Built:
     dispatcher: Dispatcher
     generations: Generations
     reloader: Reloader
+    health: SelfHealth
+    upstream: UpstreamPool
 
 
 async def build(
@@ -141,6 +145,9 @@ async def build(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
         client_max_size=settings.limits.max_body_bytes,
     )
+    health = observability.install(app, registry, backends=lambda: generations.current.settings.backends,
+                                   observers=recorder.observers)
+    health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,
                         serve_metrics=not separate_metrics)
@@ -167,7 +174,7 @@ async def build(
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader)
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream)
 
 
 def _raise_open_file_limit() -> None:
@@ -227,6 +234,12 @@ async def start(
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
     running.url = f"http://{host}:{bound}"
+    server = runner.server
+    assert server is not None
+    front = running.front
+    built.health.connections.add(
+        "client", lambda: len(server.connections) + (len(front.connections) if front is not None else 0)
+    )
     if built.metrics_app is not None and settings.listen.metrics_port is not None:
         metrics_runner = web.AppRunner(built.metrics_app, access_log=None)
         await metrics_runner.setup()

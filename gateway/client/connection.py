@@ -108,6 +108,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.pool.connections_lost += 1
         self.pool.forget(self)
         resp, self.resp = self.resp, None
         if resp is None:

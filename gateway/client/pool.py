@@ -61,6 +61,11 @@ class UpstreamPool:
         self._closed = False
         self.loop = asyncio.get_running_loop()
         self.connections_opened = 0
+        self.connections_lost = 0  # every opened connection is lost exactly once (asyncio's contract)
+
+    @property
+    def open_connections(self) -> int:
+        return self.connections_opened - self.connections_lost
 
     def idle(self, origin: str) -> int:
         """How many idle connections to `origin` the pool holds."""

@@ -47,7 +47,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, DiscoveryV1Api
 from kubernetes_asyncio.client.exceptions import OpenApiException
 
-from .. import jsonx
+from .. import json_codec
 from .kubernetes_auth import Credentials, CredentialsError
 from .kubernetes_objects import (
     ApiStatusError,
@@ -217,7 +217,7 @@ class KubernetesSource:
 
 def _status(body: bytes, http_status: int) -> ApiStatusError:
     try:
-        status = jsonx.loads(body)
-    except jsonx.JSONDecodeError:
+        status = json_codec.loads(body)
+    except json_codec.JSONDecodeError:
         status = None
     return status_error(status, http_status=http_status)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import jsonx
+from .. import json_codec
 from .endpoints import Endpoint
 
 Contribution = Callable[[Mapping[str, Any]], frozenset[Endpoint]]
@@ -115,8 +115,8 @@ def object_key(obj: Mapping[str, Any]) -> str:
 def parse_event(line: bytes) -> WatchEvent:
     """One line of a watch stream. An ERROR event raises `ApiStatusError` (410 among them)."""
     try:
-        data = jsonx.loads(line)
-    except jsonx.JSONDecodeError as exc:
+        data = json_codec.loads(line)
+    except json_codec.JSONDecodeError as exc:
         raise WatchProtocolError(f"watch event is not JSON: {line[:200]!r}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("type"), str) or not isinstance(data.get("object"), dict):
         if isinstance(data, dict) and data.get("kind") == "Status":  # a bare Status instead of an event
@@ -138,8 +138,8 @@ class ListPage:
 
 def parse_list(body: bytes) -> ListPage:
     try:
-        data = jsonx.loads(body)
-    except jsonx.JSONDecodeError as exc:
+        data = json_codec.loads(body)
+    except json_codec.JSONDecodeError as exc:
         raise WatchProtocolError(f"list response is not JSON: {body[:200]!r}") from exc
     meta = data.get("metadata") if isinstance(data, dict) else None
     items = data.get("items") if isinstance(data, dict) else None
