@@ -7,12 +7,13 @@ chunk. Output is a pure function of the concatenated input: any split yields the
 Triton sends no `[DONE]` and no finish_reason or usage, so `close()` synthesises them: finish_reason
 is `length` when the output token count reached max_tokens, else `stop`; usage comes from
 `num_input_tokens`/`num_output_tokens` (requested via `return_num_*_tokens`) or, when absent, from
-one token per event and ceil(prompt characters / 4).
+one token per event and ceil(prompt characters / 4). Streamed, TensorRT-LLM's `num_output_tokens`
+counts the tokens of each response (event), not a running total (non-streaming responses carry the
+total; NVIDIA/TensorRT-LLM pull request 5445), so the streamed counts are summed.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
@@ -79,7 +80,8 @@ class TritonStreamTranslator:
         self._role_sent = False
         self._events = 0
         self._input_tokens: int | None = None
-        self._output_counts: list[int] = []
+        self._output_tokens = 0  # the sum of the events' num_output_tokens (each counts its own tokens)
+        self._counted = False  # whether any event carried num_output_tokens
         self._failed = False
         self._closed = False
 
@@ -152,7 +154,8 @@ class TritonStreamTranslator:
         self._events += 1
         count = as_count(obj.get("num_output_tokens"))
         if count is not None:
-            self._output_counts.append(count)
+            self._output_tokens += count
+            self._counted = True
         inputs = as_count(obj.get("num_input_tokens"))
         if inputs is not None:
             self._input_tokens = inputs
@@ -177,11 +180,5 @@ class TritonStreamTranslator:
         )
 
     def _completion_tokens(self) -> int:
-        """Backends differ on whether streamed `num_output_tokens` is per event or running: a
-        strictly increasing series is read as running totals, anything else is summed."""
-        counts = self._output_counts
-        if not counts:
-            return self._events
-        if all(a < b for a, b in itertools.pairwise(counts)):
-            return counts[-1]
-        return sum(counts)
+        """The per-event `num_output_tokens` summed; one per event when the backend sent none."""
+        return self._output_tokens if self._counted else self._events

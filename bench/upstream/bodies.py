@@ -1,6 +1,6 @@
 """Regenerate the canned upstream bodies: `python -m bench.upstream.bodies`.
 
-Shapes follow the real vLLM 0.32.0 transcripts (/work/shared/captures/vllm-0.32.0-cpu: chat.txt,
+Shapes follow the real vLLM 0.32.0 transcripts (tests/data/vllm-0.32.0-cpu: chat.txt,
 chat_stream_usage.txt, metrics.txt): same key order and nulls, `"model":"tiny-moe"`. The stream is a
 role chunk, 64 token chunks (the last with `finish_reason`), a usage chunk and `[DONE]`.
 """

@@ -1,8 +1,9 @@
 """Live throughput, latency and cost comparison over sliding windows, and A/B statistics.
 
-Roles: `quantiles` (bounded reservoirs, percentiles), `window` (time buckets), `book` (groups fed by
-every Outcome), `figures` (one group over one window), `cost`, `ab` (bootstrap, SRM, verdict),
-`compare` (the JSON document), `prom` (Prometheus gauges).
+Roles: `quantiles` (bounded reservoirs, percentiles), `window` (time buckets; tokens spread over
+their generation time), `peak` (the decaying best-throughput figure), `book` (groups fed by every
+Outcome), `figures` (one group over one window), `cost`, `ab` (bootstrap, SRM, verdict), `compare`
+(the JSON document), `prom` (Prometheus gauges).
 """
 
 from .book import StatsBook, WeightsFn, configured_weights

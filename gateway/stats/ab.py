@@ -47,7 +47,7 @@ class ArmData:
     requests: int
     ttft_s: Sequence[float]
     tpot_s: Sequence[float]
-    tokens_per_s_series: Sequence[float]  # output tokens in each second of the window (zeros included)
+    tokens_per_s_series: Sequence[float]  # output tokens generated in each second of the window (zeros included)
     usd_per_hour: float | None
 
 

@@ -8,6 +8,7 @@ clock) and each query is given `now`.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -54,7 +55,7 @@ def to_sample(o: Outcome) -> Sample:
     return Sample(
         at=o.finished_at, error=is_error(o.status), prompt_tokens=prompt, completion_tokens=completion,
         cached_tokens=(usage.cached_tokens or 0) if usage else 0, ttft_s=o.ttft_s, gaps=o.gaps,
-        tpot_s=tpot, e2e_s=o.duration_s, sla=o.sla,
+        tpot_s=tpot, e2e_s=o.duration_s, sla=o.sla, generation_s=o.generation_s,
     )
 
 
@@ -66,6 +67,7 @@ class StatsBook:
         self.started_at = started_at
         self.weights: WeightsFn = weights if weights is not None else configured_weights(settings)
         self._rng = random.Random(seed)
+        self._advanced_s: int | None = None  # the second the groups were last advanced to by `record`
         self.backends: dict[str, Group] = {}
         self.runtimes: dict[str, Group] = {}
         self.arms: dict[tuple[str, str], Group] = {}
@@ -107,12 +109,20 @@ class StatsBook:
         self.total = replace(self.total, backends=tuple(b.name for b in settings.backends))
 
     def peak_output_tps(self, backend: str) -> float | None:
-        """The best output tokens/s `backend` has shown (over 10 s), for the cost policy."""
+        """`backend`'s best output tokens/s, for the cost policy: the 90th percentile of its busy 10-s
+        spans of the last hour, each scored a minute after it ended (`peak`); None = unknown. It is
+        current as of the last request that finished anywhere in the gateway (or the last query)."""
         group = self.backends.get(backend)
-        return group.series.peak_output_tps or None if group is not None else None
+        return group.series.peak_output_tps if group is not None else None
 
     def record(self, o: Outcome) -> None:
+        """File `o` into its groups. Once per second of the clock, every group is advanced first, so
+        the best-throughput figures of backends that get no traffic still age."""
         sample = to_sample(o)
+        second = math.floor(o.finished_at)
+        if second != self._advanced_s:
+            self._advanced_s = second
+            self.advance(o.finished_at)
         targets = [self.total]
         if o.backend != NONE and o.backend in self.backends:
             targets.append(self.backends[o.backend])

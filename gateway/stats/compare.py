@@ -98,8 +98,8 @@ class Comparer:
         view = g.series.view(now, window_s)
         fine = g.series.view(now, min(window_s, FINE_BUCKETS))
         cur = math.floor(now)
-        per_second = {b.index: b.completion_tokens for b in fine.buckets}
-        series = [float(per_second.get(i, 0)) for i in range(cur - fine.span_s, cur)]
+        per_second = {b.index: b.output_tokens for b in fine.buckets}  # generated in each second
+        series = [per_second.get(i, 0.0) for i in range(cur - fine.span_s, cur)]
         return ArmData(
             name=g.name, weight=weight, requests=sum(b.requests for b in view.buckets),
             ttft_s=[v for b in view.buckets for v in b.ttft.values],

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .peak import PEAK_HORIZON_S, PEAK_LAG_S, PEAK_QUANTILE, PEAK_SPAN_S
+
 ASSUMPTIONS = (
     "usd_per_hour from config (backends.*.usd_per_hour); a group's price is the sum over its backends",
-    "output tokens/s measured at the gateway over the window (usage from the runtime, else counted from chunks)",
+    "output tokens/s measured at the gateway over the window (usage from the runtime, else counted from chunks): "
+    "each finished request's completion tokens spread evenly from its first to its last token, so streams "
+    "still running are not counted yet",
     "cost at observed load = usd_per_hour / (3600 × output tokens/s) × 1e6: idle time is paid for",
-    "cost at best throughput = the same formula at the best output tokens/s over any 10 s seen so far",
+    f"cost at best throughput = the same formula at the best output tokens/s: the "
+    f"{round(PEAK_QUANTILE * 100)}th percentile of the busy {PEAK_SPAN_S}-s spans of the last {PEAK_HORIZON_S // 60} "
+    f"min, each scored {PEAK_LAG_S} s after it ended (tokens of streams still running then are left out)",
     "a backend shared by several groups (routes, arms) is charged in full to each",
     "a group with any backend lacking usd_per_hour, or with no output tokens, has cost null",
 )

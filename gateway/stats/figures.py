@@ -1,7 +1,16 @@
-"""One group's figures over one window: rates, percentiles, error rate, cache share, SLA, cost."""
+"""One group's figures over one window: rates, percentiles, error rate, cache share, SLA, cost.
+
+Counts (`requests`, `errors`, `prompt_tokens`, `output_tokens`, `cached_tokens`, the SLA tallies) and
+the latency percentiles cover the requests that *finished* in the window. `output_tokens_per_s` (and
+the cost at observed load built on it) is throughput: the completion tokens of finished requests
+that were generated *during* the window (each request's tokens spread over its generation time,
+`window`), divided by the window's span. `best_output_tokens_per_s` is the decaying p90 of busy
+10-s spans over the last hour (`peak`), whatever the window.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .book import Group, StatsBook
@@ -26,12 +35,13 @@ def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, A
     errors = sum(b.errors for b in bs)
     prompt = sum(b.prompt_tokens for b in bs)
     completion = sum(b.completion_tokens for b in bs)
+    generated = math.fsum(b.output_tokens for b in bs)
     cached = sum(b.cached_tokens for b in bs)
     met = sum(b.sla_met for b in bs)
     missed = sum(b.sla_missed for b in bs)
-    out_tps = _rate(completion, v.span_s)
+    out_tps = generated / v.span_s if v.span_s > 0 else None
     price = group_price(book.prices.get(n) for n in g.backends)
-    peak = g.series.peak_output_tps or None
+    peak = g.series.peak_output_tps
     return {
         "span_s": v.span_s,
         "requests": requests,

@@ -33,7 +33,7 @@ def group_history(book: StatsBook, g: Group, now: float) -> dict[str, list[float
                 v.append(None)
             continue
         bs = list(series.fine.range(end - STEP_S, end))
-        tps = sum(b.completion_tokens for b in bs) / span
+        tps = math.fsum(b.output_tokens for b in bs) / span  # generated in the step (see `window`)
         out["output_tokens_per_s"].append(tps)
         out["ttft_p50_s"].append(summary((b.ttft for b in bs), (0.5,))["p50"])
         out["itl_p50_s"].append(summary((b.itl for b in bs), (0.5,))["p50"])

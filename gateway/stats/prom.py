@@ -15,7 +15,8 @@ LIVE_WINDOW_S = 60
 
 class LiveCollector:
     """`gateway_backend_output_tokens_per_second` and `gateway_backend_cost_per_million_tokens_usd`
-    over the last 60 s, per backend (a backend without a price or without traffic has no cost sample)."""
+    over the last 60 s, per backend (a backend without a price or without traffic has no cost sample); the
+    throughput is the `output_tokens_per_s` of `/admin/compare` (`figures`)."""
 
     def __init__(self, book: StatsBook, clock: Callable[[], float]) -> None:
         self._book = book
@@ -28,7 +29,8 @@ class LiveCollector:
         labels = ["backend", "runtime"]
         tps = GaugeMetricFamily(
             "gateway_backend_output_tokens_per_second",
-            f"Output tokens/s per backend over the last {LIVE_WINDOW_S} s, measured at the gateway.", labels=labels,
+            f"Output tokens/s per backend generated in the last {LIVE_WINDOW_S} s, measured at the gateway "
+            "(finished requests' tokens spread over their generation time).", labels=labels,
         )
         cost = GaugeMetricFamily(
             "gateway_backend_cost_per_million_tokens_usd",

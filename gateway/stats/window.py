@@ -6,6 +6,17 @@ the last W *completed* seconds (the current, partial second is left out so a rat
 exact): W <= 300 reads 1-s buckets; longer windows read completed minutes plus the 1-s buckets of the
 current minute. Before the group has existed for W seconds, the span is the time since it started.
 
+Two kinds of figure live in a bucket:
+- by finish time (exact integers): requests, errors, prompt/completion/cached tokens and the latency
+  samples of the requests that *finished* in the slot;
+- by generation time (`output_tokens`, a float): each finished request's completion tokens spread
+  evenly over its generation lifetime (`generation_s`, first to last token, ending when it finished)
+  in proportion to how much of each slot it overlaps. Throughput (output tokens/s, the A/B
+  throughput series, the best-throughput figure) reads these, so 60 streams of 60 s that finish in
+  the same second count as the 60 s of work they were, not as one second of 60x the rate. Tokens
+  reach the buckets when their request finishes: a window's output tokens/s leaves out streams still
+  running, and tokens older than a ring holds (or than the group) are dropped from that ring.
+
 Memory per group is fixed by the ring sizes and the per-bucket sample caps (`Caps`), whatever the load.
 """
 
@@ -19,13 +30,13 @@ from dataclasses import dataclass
 from backends.values import value
 
 from ..observability.outcome import Gaps
+from .peak import Peak
 from .quantiles import Reservoir
 
 FINE_S = 1
 FINE_BUCKETS = 300
 COARSE_S = 60
 COARSE_BUCKETS = 60
-PEAK_SPAN_S = 10  # "best throughput seen": the best output tokens/s over any 10 completed seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +54,11 @@ COARSE_CAPS = Caps(ttft=128, itl=512, tpot=128, e2e=128)
 
 
 class Bucket:
-    """Everything that finished in one time slot."""
+    """Everything that finished in one time slot, and the output tokens generated during it."""
 
     __slots__ = (
-        "cached_tokens", "completion_tokens", "e2e", "errors", "index", "itl", "prompt_tokens", "requests",
-        "sla_met", "sla_missed", "tpot", "ttft",
+        "cached_tokens", "completion_tokens", "e2e", "errors", "index", "itl", "output_tokens", "prompt_tokens",
+        "requests", "sla_met", "sla_missed", "tpot", "ttft",
     )
 
     def __init__(self, index: int, caps: Caps) -> None:
@@ -55,7 +66,8 @@ class Bucket:
         self.requests = 0
         self.errors = 0
         self.prompt_tokens = 0
-        self.completion_tokens = 0
+        self.completion_tokens = 0  # of the requests that finished in this slot
+        self.output_tokens = 0.0  # completion tokens attributed to this slot by generation time
         self.cached_tokens = 0
         self.sla_met = 0
         self.sla_missed = 0
@@ -107,6 +119,7 @@ class Sample:
     tpot_s: float | None
     e2e_s: float
     sla: str | None
+    generation_s: float | None = None  # first to last token; None or 0: all tokens at `at`
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +131,44 @@ class View:
     fine: tuple[Bucket, ...]  # the 1-s buckets only, for per-second series (empty for long windows)
 
 
+def spread(ring: Ring, tokens: float, start: float, end: float, oldest: int) -> None:
+    """Add `tokens` to `ring`'s buckets in proportion to how much of [start, end] each covers; the
+    part before bucket `oldest` is dropped. An empty interval puts everything in `end`'s bucket."""
+    res = ring.resolution_s
+    last = math.floor(end / res)
+    if last < oldest:
+        return
+    first = math.floor(start / res)
+    if first >= last or end <= start:  # within one bucket (the common, short request)
+        ring.at(last).output_tokens += tokens
+        return
+    per_s = tokens / (end - start)
+    if first >= oldest:
+        ring.at(first).output_tokens += per_s * ((first + 1) * res - start)
+    full = per_s * res
+    for i in range(max(first + 1, oldest), last):
+        ring.at(i).output_tokens += full
+    if end > last * res:
+        ring.at(last).output_tokens += per_s * (end - last * res)
+
+
 class Series:
-    """One group's windows, plus the best throughput it has shown so far."""
+    """One group's windows, plus its best throughput (`peak.Peak`, read as `peak_output_tps`)."""
 
     def __init__(self, started_at: float, rng: random.Random) -> None:
         self.start_s = math.floor(started_at)
         self._rng = rng
         self.fine = Ring(FINE_S, FINE_BUCKETS, FINE_CAPS)
         self.coarse = Ring(COARSE_S, COARSE_BUCKETS, COARSE_CAPS)
-        self.peak_output_tps = 0.0
-        self._peak_checked = self.start_s + PEAK_SPAN_S - 2  # last second whose 10-s span was scored
+        self.peak = Peak(self.start_s)
+        self._latest = self.start_s  # the newest second written: older slots may hold no newer data
         self._second: int | None = None  # the second of the last add, and its two buckets
         self._buckets: tuple[Bucket, Bucket] | None = None
+
+    @property
+    def peak_output_tps(self) -> float | None:
+        """The best output tokens/s this group shows (a decaying p90 of 10-s spans; None = unknown)."""
+        return self.peak.value
 
     def add(self, s: Sample) -> None:
         second = math.floor(s.at)
@@ -138,6 +177,7 @@ class Series:
             self.advance(s.at)
             buckets = self._buckets = (self.fine.at(second), self.coarse.at(second // COARSE_S))
             self._second = second
+            self._latest = max(self._latest, second)
         for b in buckets:
             b.requests += 1
             b.errors += s.error
@@ -155,15 +195,25 @@ class Series:
             b.e2e.add(s.e2e_s, self._rng)
             if s.gaps is not None:
                 b.itl.absorb(s.gaps.sample, self._rng)
+        tokens = s.completion_tokens
+        if tokens:
+            start = s.at - s.generation_s if s.generation_s else s.at
+            if start >= second:  # generated within the second it finished in (the common, short request)
+                buckets[0].output_tokens += tokens
+                buckets[1].output_tokens += tokens
+            else:
+                oldest = max(self._latest - FINE_BUCKETS + 1, self.start_s)  # never overwrite a newer slot
+                spread(self.fine, tokens, start, s.at, oldest)
+                spread(self.coarse, tokens, start, s.at,
+                       max(self._latest // COARSE_S - COARSE_BUCKETS + 1, self.start_s // COARSE_S))
+
+    def output_tokens(self, start: int, stop: int) -> float:
+        """Output tokens attributed to the seconds start <= s < stop (the 1-s ring only)."""
+        return math.fsum(b.output_tokens for b in self.fine.range(start, stop))
 
     def advance(self, now: float) -> None:
-        """Score every newly completed 10-s span for the best-throughput figure."""
-        last_complete = math.floor(now) - 1
-        first = max(self._peak_checked + 1, last_complete - FINE_BUCKETS + PEAK_SPAN_S)
-        for end in range(first, last_complete + 1):
-            tokens = sum(b.completion_tokens for b in self.fine.range(end - PEAK_SPAN_S + 1, end + 1))
-            self.peak_output_tps = max(self.peak_output_tps, tokens / PEAK_SPAN_S)
-        self._peak_checked = max(self._peak_checked, last_complete)
+        """Score the spans that are now old enough for the best-throughput figure (see `peak`)."""
+        self.peak.advance(math.floor(now), self.output_tokens)
 
     def view(self, now: float, window_s: int) -> View:
         cur = math.floor(now)

@@ -1,18 +1,20 @@
 """The dashboard in a real headless Chromium: charts render, the page keeps updating, and it looks right.
 
-Set GATEWAY_DASHBOARD_PNG=docs/dashboard.png to keep the screenshot (taken after
+Set GATEWAY_DASHBOARD_PNG=docs/dashboard.png to keep the screenshot (taken once the history holds
 GATEWAY_DASHBOARD_WAIT_S more seconds of load, default 90, so the charts show some history)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, eventually, wait_for
 
 from .conftest import CHROMIUM
 
@@ -40,8 +42,20 @@ def attr(dom: str, name: str) -> int:
     return int(m.group(1))
 
 
+def compare(gw: GatewayProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = gw.get("/admin/compare", params={"window": 60}).json()
+    return doc
+
+
+def history_steps(doc: dict[str, Any]) -> int:
+    """Completed 10-s history steps that every runtime and backend has (0 until the first one ends)."""
+    series = [*doc["history"]["runtimes"].values(), *doc["history"]["backends"].values()]
+    return min(sum(v is not None for v in s["output_tokens_per_s"]) for s in series)
+
+
 def test_dashboard_renders_charts_and_updates_live(loaded_gateway: GatewayProcess, tmp_path: Path) -> None:
-    time.sleep(12)  # let a completed 10-s step of history exist
+    wait_for(lambda: compare(loaded_gateway), lambda doc: history_steps(doc) >= 1, timeout=30,
+             what="a completed 10-s step of history")
     url = loaded_gateway.url + "/dashboard"
     first = dump(tmp_path, url)
     assert attr(first, "data-updates") >= 2  # it polled more than once within the virtual-time budget
@@ -54,13 +68,16 @@ def test_dashboard_renders_charts_and_updates_live(loaded_gateway: GatewayProces
     assert 'data-route="ab"' in first  # the A/B verdict card
     assert "not enough data yet" in first or "no significant difference" in first or "lower (95% CI" in first
 
-    time.sleep(2.5)
+    seen = attr(first, "data-total-requests")
+    eventually(lambda: compare(loaded_gateway)["total"]["requests"] != seen, timeout=30)  # the figure moved on
     second = dump(tmp_path, url)
-    assert attr(second, "data-total-requests") != attr(first, "data-total-requests")
+    assert attr(second, "data-total-requests") != seen
 
     keep = os.environ.get("GATEWAY_DASHBOARD_PNG")
-    if keep:
-        time.sleep(float(os.environ.get("GATEWAY_DASHBOARD_WAIT_S", "90")))  # more history for the docs picture
+    if keep:  # more history for the docs picture
+        more = math.ceil(float(os.environ.get("GATEWAY_DASHBOARD_WAIT_S", "90")) / 10)
+        steps = min(history_steps(compare(loaded_gateway)) + more, 30)  # the history holds 30 steps
+        eventually(lambda: history_steps(compare(loaded_gateway)) >= steps, timeout=10 * more + 30)
     shot = tmp_path / "dashboard.png"
     chromium(tmp_path, "--virtual-time-budget=5000", "--hide-scrollbars", f"--screenshot={shot}", url)
     assert shot.stat().st_size > 20_000

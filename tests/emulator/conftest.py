@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from backends.base import Runtime
 from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emulator
 
-CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures" / "vllm-0.32.0-cpu"
 FAST = 50.0  # speed factor: simulated seconds per wall second
 
 MakeEmulator = Callable[..., Awaitable[RunningEmulator]]

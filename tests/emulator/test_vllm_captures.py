@@ -13,9 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.emulator import RunningEmulator
-from tests.emulator.conftest import CAPTURES, MakeEmulator
-
-pytestmark = pytest.mark.skipif(not CAPTURES.is_dir(), reason=f"captures not found at {CAPTURES}")
+from tests.data import VLLM_CAPTURES as CAPTURES
+from tests.emulator.conftest import MakeEmulator
 
 # Captures whose bodies are deterministic in the emulator: compared byte for byte after parsing.
 EXACT = {
@@ -61,8 +60,6 @@ def load(name: str) -> Capture:
 
 
 def names() -> list[str]:
-    if not CAPTURES.is_dir():
-        return []
     return sorted(p.stem for p in CAPTURES.glob("*.txt") if p.stem not in SKIP and p.stem != "README")
 
 

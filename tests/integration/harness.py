@@ -156,5 +156,18 @@ def eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:
         time.sleep(0.02)
 
 
+def wait_for(fetch: Callable[[], T], ok: Callable[[T], bool], *, timeout: float = 15.0, what: str = "a condition") -> T:
+    """Call `fetch` until `ok` holds for what it returned, and return that; fail after `timeout`
+    seconds showing the last value (for waits that need the observed state, not just a yes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fetch()
+        if ok(got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {got!r:.2000}")
+        time.sleep(0.02)
+
+
 def iter_lines(response: httpx.Response) -> Iterator[str]:
     yield from response.iter_lines()

@@ -6,12 +6,11 @@ vLLM (40k vs 15k tok/s) and decodes ~2x faster per stream (19 ms vs 40 ms per to
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .harness import Emulators, GatewayProcess, backend_entry
+from .harness import Emulators, GatewayProcess, backend_entry, wait_for
 
 StartGateway = Callable[..., GatewayProcess]
 DOC = "The harbour master's log, page after page of tides and ships. " * 80  # ~1.3k tokens
@@ -48,11 +47,7 @@ def test_ab_verdict_matches_the_profiles_ground_truth(emulators: Emulators, gate
 
     # windows count completed seconds only and the A/B analysis is refreshed every few seconds:
     # poll (with a deadline) until it covers the traffic above
-    deadline = time.monotonic() + 15
-    ab = analysis()
-    while ab["verdict"].startswith("not enough data") and time.monotonic() < deadline:
-        time.sleep(0.25)
-        ab = analysis()
+    ab = wait_for(analysis, lambda ab: not ab["verdict"].startswith("not enough data"), what="an A/B verdict")
     verdict = ab["verdict"]
     assert verdict.startswith("sglang:"), verdict
     assert "TTFT p50" in verdict

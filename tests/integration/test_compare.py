@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.__main__ import main
 
-from .harness import Emulators, GatewayProcess, backend_entry
+from .harness import Emulators, GatewayProcess, backend_entry, eventually, wait_for
 
 StartGateway = Callable[..., GatewayProcess]
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "Compare us."}]
@@ -41,16 +40,18 @@ def _sampler(fams: list[Any]) -> Callable[..., float]:
 
 
 def same_second_reads(gw: GatewayProcess) -> tuple[dict[str, Any], Callable[..., float], dict[str, Any]]:
-    """compare, metrics, compare: retried until both compare reads fall in the same clock second, so the
+    """compare, metrics, compare: repeated until both compare reads fall in the same clock second, so the
     scrape in between saw exactly the same buckets."""
-    for _ in range(20):
+
+    def reads() -> tuple[dict[str, Any], str, dict[str, Any]]:
         first = gw.get("/admin/compare", params={"window": 60}).json()
         metrics_text = gw.get("/metrics").text
-        second = gw.get("/admin/compare", params={"window": 3600}).json()
-        if math.floor(first["now_s"]) == math.floor(second["now_s"]):
-            return first, _sampler(list(text_string_to_metric_families(metrics_text))), second
-        time.sleep(0.05)
-    raise AssertionError("could not read /admin/compare twice within one second")
+        return first, metrics_text, gw.get("/admin/compare", params={"window": 3600}).json()
+
+    first, metrics_text, second = wait_for(
+        reads, lambda r: math.floor(r[0]["now_s"]) == math.floor(r[2]["now_s"]),
+        what="two /admin/compare reads within one clock second")
+    return first, _sampler(list(text_string_to_metric_families(metrics_text))), second
 
 
 def start_ab(emulators: Emulators, gateway: StartGateway) -> GatewayProcess:
@@ -69,7 +70,8 @@ def test_admin_compare_agrees_with_metrics_and_the_cli(
 ) -> None:
     gw = start_ab(emulators, gateway)
     drive(gw, 24)
-    time.sleep(1.1)  # the comparison counts completed seconds only
+    # the comparison counts completed seconds only: wait until the second of the last request has passed
+    eventually(lambda: gw.get("/admin/compare", params={"window": 60}).json()["total"]["requests"] == 25)
     live, metric, hour = same_second_reads(gw)
 
     for window in (live, hour):

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
 import yaml
 
-from .harness import ROOT, Emulators, backend_entry
+from .harness import ROOT, Emulators, backend_entry, eventually
 
 
 def _group_alive(pgid: int) -> bool:
@@ -48,10 +47,7 @@ def test_workers_share_the_port_and_stop_together(emulators: Emulators, tmp_path
                 assert reply.choices[0].message.content
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _group_alive(proc.pid), "a worker outlived the supervisor"
+        eventually(lambda: not _group_alive(proc.pid), timeout=10)  # no worker outlives the supervisor
     finally:
         if _group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -1,15 +1,13 @@
-"""Read the real vLLM 0.32.0 transcripts in /work/shared/captures (request, then status, headers, body)."""
+"""Read the real vLLM 0.32.0 transcripts vendored in tests/data (request, then status, headers, body)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest
 
-# tests/unit/backends/captures.py -> parents: backends, unit, tests, main, /work
-CAPTURES = Path(__file__).resolve().parents[4] / "shared" / "captures" / "vllm-0.32.0-cpu"
+from tests.data import VLLM_CAPTURES as CAPTURES
 
 
 @dataclass(frozen=True)

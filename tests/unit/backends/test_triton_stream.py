@@ -25,11 +25,12 @@ def _upstream(*events: dict[str, Any], sep: bytes = b"\n") -> bytes:
     return b"".join(b"data: " + orjson.dumps({**META, **e}) + sep + sep for e in events)
 
 
-# Multi-byte UTF-8 in the middle, so splits land inside characters too.
+# Multi-byte UTF-8 in the middle, so splits land inside characters too. Streamed, TensorRT-LLM's
+# num_output_tokens counts each response's own tokens.
 STREAM = _upstream(
     {"text_output": "Count", "num_input_tokens": 12, "num_output_tokens": 1},
-    {"text_output": "ing 😀 é", "num_input_tokens": 12, "num_output_tokens": 2},
-    {"text_output": "!", "num_input_tokens": 12, "num_output_tokens": 3},
+    {"text_output": "ing 😀 é", "num_input_tokens": 12, "num_output_tokens": 1},
+    {"text_output": "!", "num_input_tokens": 12, "num_output_tokens": 1},
 )
 
 
@@ -98,6 +99,15 @@ def test_crlf_comments_and_a_missing_final_blank_line() -> None:
 def test_per_event_token_counts_are_summed() -> None:
     data = _upstream({"text_output": "a", "num_output_tokens": 1}, {"text_output": "b", "num_output_tokens": 1})
     assert _events(_run(data, []))[-2]["usage"]["completion_tokens"] == 2
+
+
+def test_increasing_per_event_counts_are_not_read_as_running_totals() -> None:
+    # Three responses of 1, 2 and 3 tokens (a backend that batches tokens per response) are 6 tokens, not 3.
+    data = _upstream({"text_output": "a", "num_output_tokens": 1}, {"text_output": "b c", "num_output_tokens": 2},
+                     {"text_output": "d e f", "num_output_tokens": 3})
+    events = _events(_run(data, []))
+    assert events[-2]["usage"]["completion_tokens"] == 6
+    assert events[-3]["choices"][0]["finish_reason"] == "length"  # 6 >= max_tokens 3
 
 
 def test_completions_chunks() -> None:

@@ -34,10 +34,11 @@ RUNTIME = {"v1": "vllm", "v2": "vllm", "s1": "sglang", "t1": "trtllm"}
 def outcome(
     backend: str, at: float, *, completion: int = 100, prompt: int = 50, cached: int | None = None,
     ttft: float | None = 0.1, gaps: Sequence[float] = (), duration: float = 1.0, status: str = "200",
-    model: str = "plain", arm: str | None = None, sla: str | None = None,
+    model: str = "plain", arm: str | None = None, sla: str | None = None, generation: float | None = None,
 ) -> Outcome:
+    """A finished request; `generation` is its first-to-last-token time (None: all tokens at `at`)."""
     return Outcome(
         backend, RUNTIME.get(backend, "none"), model, status, duration,
         Usage(prompt, completion, cached), ttft, Gaps.of(gaps) if gaps else None,
-        arm=arm, sla=sla, finished_at=at,
+        arm=arm, sla=sla, finished_at=at, generation_s=generation,
     )

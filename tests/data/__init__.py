@@ -1,0 +1,10 @@
+"""Data the tests read, vendored so a clean clone needs nothing beside it.
+
+`vllm-0.32.0-cpu/`: transcripts of a real vLLM 0.32.0 server (provenance in its README.md), read by
+the adapters' unit tests (`tests/unit/backends/captures.py`) and replayed against the vLLM emulator
+(`tests/emulator/test_vllm_captures.py`).
+"""
+
+from pathlib import Path
+
+VLLM_CAPTURES = Path(__file__).resolve().parent / "vllm-0.32.0-cpu"
