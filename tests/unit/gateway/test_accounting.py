@@ -1,164 +1,136 @@
-"""The dispatcher records every request exactly once, from its `finally`, whatever ended it."""
+"""The dispatcher records every request exactly once, from its `finally`, whatever ended it.
+
+The real gateway (`app.build`) in front of an emulator on a loopback socket; what varies is the
+response sink, which fails the way a broken client connection or a bug would."""
 
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
 
+import orjson
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from backends.base import Endpoint
-from gateway.access.auth import Guard
-from gateway.access.ratelimit import KeyLimiter
+from backends.base import Endpoint, Runtime
+from backends.emulator import EmulatorConfig, start_emulator
+from gateway.app import Built, build
 from gateway.errors import InvalidRequest
-from gateway.observability.metrics import Recorder
-from gateway.observability.outcome import Gaps, Outcome
-from gateway.proxy.accounting import Accounting
-from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.exchange import Exchange
-from gateway.proxy.sink import ResponseSink
-from gateway.proxy.sse import StreamStats
-from gateway.routing import RoutingState
-from gateway.state.generations import Generations
-from gateway.state.pool import Pool
-
-Serve = Callable[[Exchange], Awaitable[None]]
+from gateway.settings import parse_settings
 
 
 @dataclass
-class FakeProxy:
-    serve_with: Serve
+class Sink:
+    """A response sink that fails at a chosen step (`fail_on`) with a chosen exception."""
 
-    def parse(self, ex: Exchange, body: bytes, headers: Mapping[str, str]) -> None:
-        ex.model = "m"
+    fail_on: str = ""
+    error: BaseException = field(default_factory=lambda: RuntimeError("bug"))
+    after_writes: int = 0
+    writes: int = 0
 
-    async def serve(self, ex: Exchange, headers: Mapping[str, str], sink: ResponseSink) -> None:
-        await self.serve_with(ex)
+    def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        if self.fail_on == "send":
+            raise self.error
+
+    async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None:
+        if self.fail_on == "start":
+            raise self.error
+
+    async def write(self, data: bytes) -> None:
+        self.writes += 1
+        if self.fail_on == "write" and self.writes > self.after_writes:
+            raise self.error
+
+    async def end(self) -> None:
+        if self.fail_on == "end":
+            raise self.error
 
 
 @dataclass
-class FakeSecrets:
-    api_keys: tuple[Any, ...] = ()
-    admin_digest: str | None = None
+class Gateway:
+    built: Built
+    registry: CollectorRegistry
+
+    async def ask(self, sink: Sink, *, stream: bool, body: dict[str, object] | None = None) -> BaseException | None:
+        request = body or {"model": "moe", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                           "stream": stream}
+        try:
+            await self.built.dispatcher.dispatch({}, orjson.dumps(request), Endpoint.CHAT, sink, "rid")
+        except BaseException as exc:
+            return exc
+        return None
+
+    def samples(self, name: str) -> dict[str, float]:
+        """`status` (or `kind`) -> value of the samples called `name`."""
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(generate_latest(self.registry).decode()):
+            for s in family.samples:
+                if s.name == name:
+                    key = s.labels.get("status") or s.labels.get("kind") or ""
+                    out[key] = out.get(key, 0.0) + s.value
+        return out
 
 
-@dataclass
-class FakeGeneration:
-    proxy: FakeProxy
-    secrets: FakeSecrets = field(default_factory=FakeSecrets)
-
-
-class FakeGenerations:
-    def __init__(self, proxy: FakeProxy) -> None:
-        self.current = FakeGeneration(proxy)
-        self.entered = 0
-
-    def enter(self) -> FakeGeneration:
-        self.entered += 1
-        return self.current
-
-    def leave(self, generation: FakeGeneration) -> None:
-        self.entered -= 1
-
-
-class NullSink:
-    def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None: ...
-
-    async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None: ...
-
-    async def write(self, data: bytes) -> None: ...
-
-    async def end(self) -> None: ...
-
-
-def dispatcher(serve: Serve) -> tuple[Dispatcher, list[Outcome], FakeGenerations]:
-    recorded: list[Outcome] = []
-    generations = FakeGenerations(FakeProxy(serve))
+@pytest.fixture
+async def gateway() -> AsyncIterator[Gateway]:
+    emu = await start_emulator(EmulatorConfig(runtime=Runtime.VLLM, model="tiny-moe", profile="tiny", speed=5.0),
+                               host="127.0.0.1", port=0)
+    settings = parse_settings({
+        "backends": [{"name": "v", "runtime": "vllm", "url": emu.url, "model": "tiny-moe"}],
+        "routes": [{"model": "moe", "backends": ["v"]}],
+    })
     registry = CollectorRegistry()
-    recorder = Recorder(registry, Pool([]), observers=[recorded.append])
-    as_generations = cast(Generations, generations)
-    accounting = Accounting(recorder, RoutingState(), clock=lambda: 1.0)
-    guard = Guard(as_generations, KeyLimiter(lambda: 0.0), registry)
-    return Dispatcher(as_generations, guard, accounting, clock=lambda: 0.0), recorded, generations
-
-
-async def run(serve: Serve) -> tuple[list[Outcome], BaseException | None]:
-    d, recorded, generations = dispatcher(serve)
-    failure: BaseException | None = None
+    built = await build(settings, registry=registry)
+    runner = web.AppRunner(built.app)  # runs the app's lifetime (health poller, clean-up)
+    await runner.setup()
     try:
-        await d.dispatch({}, b"{}", Endpoint.CHAT, NullSink(), "rid")
-    except BaseException as exc:
-        failure = exc
-    assert generations.entered == 0  # the generation is left whatever happened
-    return recorded, failure
+        yield Gateway(built, registry)
+    finally:
+        await runner.cleanup()
+        await emu.stop()
 
 
-def stream_stats() -> StreamStats:
-    return StreamStats(Gaps(random.Random(0)))
-
-
-async def test_a_bug_after_a_stream_started_is_a_stream_error_not_a_200() -> None:
-    async def serve(ex: Exchange) -> None:
-        ex.status, ex.stream = "200", stream_stats()
-        raise RuntimeError("bug")
-
-    recorded, failure = await run(serve)
+async def test_a_bug_after_a_stream_started_is_a_stream_error_not_a_200(gateway: Gateway) -> None:
+    failure = await gateway.ask(Sink("write"), stream=True)
     assert isinstance(failure, RuntimeError)
-    assert [o.status for o in recorded] == ["stream_error"]
+    assert gateway.samples("gateway_requests_total") == {"stream_error": 1.0}
 
 
-async def test_a_bug_before_any_response_is_a_500() -> None:
-    async def serve(ex: Exchange) -> None:
-        ex.status = "200"  # set before the body was sent, then the sending failed
-        raise RuntimeError("bug")
-
-    recorded, _ = await run(serve)
-    assert [o.status for o in recorded] == ["500"]
+async def test_a_bug_before_any_response_is_a_500(gateway: Gateway) -> None:
+    failure = await gateway.ask(Sink("send"), stream=False)
+    assert isinstance(failure, RuntimeError)
+    assert gateway.samples("gateway_requests_total") == {"500": 1.0}
 
 
-async def test_gateway_errors_are_recorded_with_their_status() -> None:
-    async def serve(ex: Exchange) -> None:
-        raise InvalidRequest("no")
-
-    recorded, failure = await run(serve)
+async def test_gateway_errors_are_recorded_with_their_status(gateway: Gateway) -> None:
+    failure = await gateway.ask(Sink(), stream=False, body={"model": "moe"})
     assert isinstance(failure, InvalidRequest)
-    assert [o.status for o in recorded] == ["400"]
+    assert gateway.samples("gateway_requests_total") == {"400": 1.0}
 
 
-@pytest.mark.parametrize(("done", "expected"), [(False, "client_closed"), (True, "200")])
-async def test_a_client_leaving_is_client_closed_unless_it_had_read_to_done(done: bool, expected: str) -> None:
-    async def serve(ex: Exchange) -> None:
-        ex.status, ex.stream = "200", stream_stats()
-        ex.stream.done = done
-        raise asyncio.CancelledError
-
-    recorded, failure = await run(serve)
+@pytest.mark.parametrize(("fail_on", "expected"), [("start", "client_closed"), ("end", "200")])
+async def test_a_client_leaving_is_client_closed_unless_it_had_read_to_done(
+    gateway: Gateway, fail_on: str, expected: str
+) -> None:
+    failure = await gateway.ask(Sink(fail_on, asyncio.CancelledError()), stream=True)
     assert isinstance(failure, asyncio.CancelledError)
-    assert [o.status for o in recorded] == [expected]
+    assert gateway.samples("gateway_requests_total") == {expected: 1.0}
 
 
-async def test_a_request_that_reached_an_engine_without_usage_is_charged_the_estimate() -> None:
-    from gateway.routing import RequestFeatures
-
-    async def serve(ex: Exchange) -> None:
-        ex.features = RequestFeatures(prompt_tokens=42)
-        ex.engine_worked = True
-        ex.status, ex.stream = "200", stream_stats()
-        ex.stream.tokens = 7
-        raise asyncio.CancelledError
-
-    recorded, _ = await run(serve)
-    (outcome,) = recorded
-    assert outcome.usage is not None
-    assert (outcome.usage.prompt_tokens, outcome.usage.completion_tokens) == (42, 7)
-    assert outcome.usage_estimated
+async def test_a_stream_cut_before_its_usage_is_charged_the_estimate(gateway: Gateway) -> None:
+    body = {"model": "moe", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": True,
+            "ignore_eos": True}
+    await gateway.ask(Sink("write", ConnectionResetError("gone"), after_writes=3), stream=True, body=body)
+    assert gateway.samples("gateway_requests_total") == {"client_closed": 1.0}
+    tokens = gateway.samples("gateway_tokens_total")
+    assert tokens["prompt"] > 0  # the prompt estimate
+    assert 1 <= tokens["completion"] < 200  # the token events the relay saw before the client left
 
 
-async def test_refused_requests_are_recorded_once() -> None:
-    d, recorded, _ = dispatcher(lambda ex: asyncio.sleep(0))
-    d.refused(Endpoint.CHAT, 413, None)
-    assert [(o.status, o.backend, o.model) for o in recorded] == [("413", "none", "none")]
+async def test_refused_requests_are_recorded_once(gateway: Gateway) -> None:
+    gateway.built.dispatcher.refused(Endpoint.CHAT, 413, None)
+    assert gateway.samples("gateway_requests_total") == {"413": 1.0}
