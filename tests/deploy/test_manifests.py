@@ -185,6 +185,12 @@ def test_the_redis_overlay_adds_shared_state_and_nothing_else() -> None:
     (port,) = redis["ports"]
     assert port["port"] == 6379
     assert port["targetPort"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    policy = find(resources, "NetworkPolicy", "redis")["spec"]  # no password: only the gateway may connect
+    assert selects(policy["podSelector"]["matchLabels"], pod["metadata"]["labels"])
+    (rule,) = policy["ingress"]
+    gateway_labels = find(resources, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    assert [selects(f["podSelector"]["matchLabels"], gateway_labels) for f in rule["from"]] == [True]
+    assert [p["port"] for p in rule["ports"]] == [port["targetPort"]]
 
 
 def test_the_prometheus_overlay_annotates_the_pods_for_scraping() -> None:
