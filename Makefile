@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native pure run check test test-fast test-pure test-container real-env system-deps container-deps bench clean
+.PHONY: install native pure run check test test-fast test-pure test-container real-env system-deps container-deps prometheus bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # C compiler, or when the build fails (outside CI, where it is an error), the gateway runs as pure
 # Python, just slower, and says so.
 NATIVE_STAMP := $(VENV)/.native
-SOURCES      := setup.py $(wildcard gateway/*.py gateway/*/*.py backends/*.py)
+SOURCES      := setup.py $(wildcard gateway/*.py gateway/*/*.py gateway/*/*/*.py backends/*.py)
 
 $(NATIVE_STAMP): $(STAMP) $(SOURCES)
 	@find gateway backends -name '*.so' -delete; rm -rf build && mkdir build
@@ -45,10 +45,21 @@ check: install  ## lint and types
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-system-deps:  ## Debian packages the browser test and benchmarks use (chromium, wrk, nginx); needs root
-	@if ! command -v chromium >/dev/null || ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk nginx-light >/dev/null; \
-		else echo "install chromium, wrk and nginx-light (apt-get) for the browser test and benchmarks"; fi; fi
+# dnsmasq-base is the dnsmasq binary alone (the `dnsmasq` package would also start a system service);
+# tests/discovery runs it on loopback. openssl makes the TLS certificates of the in-cluster test.
+system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, nginx, dnsmasq, openssl); needs root
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v nginx >/dev/null || missing="$$missing nginx-light"; \
+	command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || missing="$$missing dnsmasq-base"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else echo "install$$missing (apt-get) for the browser and discovery tests and benchmarks"; fi; fi
+
+prometheus:  ## real prometheus + promtool for tests/prometheus (Debian's package, unpacked into ~/.cache/igw; no service)
+	@bash scripts/prometheus/fetch.sh >/dev/null
 
 # The container tier builds and runs the image with podman (no Docker engine here): podman with the
 # runc runtime, and debootstrap for the base image (no image registry is reachable; see
@@ -61,7 +72,7 @@ container-deps:  ## podman, runc, buildah and debootstrap for the container tier
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
-test: install system-deps real-env check  ## everything CI runs: lint, types, unit, integration, emulator, real-vLLM and container tiers
+test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, unit, integration, emulator, Prometheus, real-vLLM and container tiers
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-container
@@ -74,7 +85,7 @@ test-pure: install  ## the unit tier against the pure-Python sources
 	find build/pure -name '*.so' -delete
 	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 
-test-fast: install  ## the tiers without real vLLM and without the container build
+test-fast: install prometheus  ## the tiers without real vLLM and without the container build
 	$(VENV)/bin/pytest -m "not real and not container"
 
 # Builds the image from this checkout (uncached about 5-7 min: debootstrap, pip, mypyc; cached seconds)

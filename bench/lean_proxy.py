@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Mapping
 
 from aiohttp import web
 
 from backends.base import Endpoint
 from bench import naive_proxy
-from gateway.front import Front
-from gateway.reply import Reply
+from gateway.client import UpstreamPool
+from gateway.http.native_front import Front
+from gateway.proxy.sink import ResponseSink
 from gateway.settings import Limits
-from gateway.upstream import UpstreamPool
 
 PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
 
@@ -26,7 +27,18 @@ PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/compl
 async def serve(upstream: str, port: int) -> None:
     pool = UpstreamPool()
 
-    async def dispatch(headers: dict[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str) -> None:
+    class Lean:
+        @staticmethod
+        def refused(endpoint: Endpoint, status: int, request_id: str | None) -> None:
+            return None
+
+        @staticmethod
+        async def dispatch(
+            headers: Mapping[str, str], body: bytes, endpoint: Endpoint, reply: ResponseSink, request_id: str
+        ) -> None:
+            await relay(body, endpoint, reply)
+
+    async def relay(body: bytes, endpoint: Endpoint, reply: ResponseSink) -> None:
         resp = await pool.request(upstream, "POST", PATHS[endpoint], {"Content-Type": "application/json"}, body)
         try:
             kind = {"Content-Type": resp.headers.get("content-type", "application/json")}
@@ -43,7 +55,7 @@ async def serve(upstream: str, port: int) -> None:
     runner = web.AppRunner(web.Application())  # nothing but generation requests arrive here
     await runner.setup()
     assert runner.server is not None
-    front = Front(dispatch, runner.server, Limits)
+    front = Front(Lean(), runner.server, Limits)
     server = await asyncio.get_running_loop().create_server(front, "127.0.0.1", port, backlog=4096)
     gc.collect()
     gc.freeze()

@@ -114,9 +114,9 @@ def source_digest() -> str:
 
 
 def _build() -> str:
-    from gateway import native
+    from gateway import build_check
 
-    n = len(native.compiled())
+    n = len(build_check.compiled())
     return f"native: {n} modules compiled by mypyc (`make native`)" if n else "pure Python (no `make native`)"
 
 

@@ -160,9 +160,9 @@ def gateway_config(upstream_url: str, *, model: str = "moe") -> dict[str, Any]:
 def pure_sources(tmp: Path) -> Path | None:
     """A copy of the gateway's sources without the modules `make native` compiled (None when nothing
     is compiled: the gateway already runs as pure Python)."""
-    from gateway import native
+    from gateway import build_check
 
-    if not native.compiled():
+    if not build_check.compiled():
         return None
     dest = tmp / "pure-sources"
     for package in ("gateway", "backends"):

@@ -23,7 +23,7 @@ import uvloop
 
 from bench.procs import PyServer
 from bench.upstream import bodies
-from gateway.upstream import UpstreamPool
+from gateway.client import UpstreamPool
 
 BODY = b'{"model":"moe","messages":[{"role":"user","content":"' + b"hello " * 40 + b'"}],"max_tokens":16}'
 HEADERS = {"content-type": "application/json", "x-request-id": "5f0c6a3e9b2d4c1f8a7e6d5c4b3a2910"}

@@ -1,6 +1,6 @@
 """An OpenAI-compatible gateway over pooled vLLM, SGLang and TensorRT-LLM backends."""
 
-from .native import check as _check_native_build
+from .build_check import check as _check_native_build
 
 __version__ = "0.1.0"
 

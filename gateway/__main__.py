@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .secrets import resolve_secrets
+from .access.secrets import resolve_secrets
 from .settings import ConfigError, load_settings
 
 log = logging.getLogger("gateway")
@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     hash_key = sub.add_parser("hash-key", help="print the sha256:<hex> digest to put in auth.api_keys[].key")
     hash_key.add_argument("key", nargs="?", help="the key (default: read one line from stdin)")
     sub.add_parser("emulate", help="run one runtime emulator (see `gateway emulate --help`)", add_help=False)
-    from .compare_cli import add_arguments as add_compare_arguments
+    from .admin.compare_cli import add_arguments as add_compare_arguments
 
     add_compare_arguments(sub.add_parser("compare", help="print a running gateway's live comparison as tables"))
     return parser
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return _check_config(args.file)
     if args.command == "hash-key":
-        from .secrets import hash_key as digest
+        from .access.secrets import hash_key as digest
 
         key = args.key if args.key is not None else sys.stdin.readline().rstrip("\n")
         if not key:
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(digest(key))
         return 0
     if args.command == "compare":
-        from .compare_cli import main as compare_main
+        from .admin.compare_cli import main as compare_main
 
         return compare_main(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_config_error(exc)
             return 2
     _install_uvloop()
-    from .server import serve
+    from .process import serve
 
     return asyncio.run(
         serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port,

@@ -1,11 +1,15 @@
-"""The composition root: the one place that builds and wires every part of the gateway."""
+"""The composition root: the one place that builds and wires every part of a gateway process, from the
+config to the listening sockets. `process` only starts, signals and stops what this returns."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import resource
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -16,32 +20,33 @@ from prometheus_client import CollectorRegistry
 from backends.base import Adapter
 from backends.registry import adapter_for
 
-from . import split_admin
-from .auth import Dispatch, Guard
-from .dashboard import DashboardHandlers
-from .generation import Generation, Generations, LivePool
-from .handlers import Handlers, error_middleware
-from .health import HealthPoller
-from .metrics import Recorder
-from .openapi import install_openapi
-from .pool import BackendState, Pool
-from .proxy import Proxy
-from .ratelimit import KeyLimiter
-from .reload import Reloader
+from . import observability
+from .access.auth import Guard
+from .access.ratelimit import KeyLimiter
+from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
+from .admin import backends as backends_admin
+from .admin import reload as reload_admin
+from .admin import weights as weights_admin
+from .admin.dashboard import DashboardHandlers
+from .admin.openapi import install_openapi
+from .client import UpstreamPool
+from .http.aiohttp_server import GatewayRunner
+from .http.handlers import Handlers, error_middleware
+from .http.native_front import Front
+from .observability.metrics import Recorder
+from .observability.process import SelfHealth
+from .proxy.accounting import Accounting
+from .proxy.dispatch import Dispatcher
+from .proxy.service import Proxy
 from .routing import RoutingState
-from .secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .settings import Settings
+from .state.generations import Generation, Generations, LivePool
+from .state.health import HealthPoller
+from .state.outliers import OutlierRules
+from .state.pool import BackendState, Pool
+from .state.reload import Reloader
+from .state.splits import Splits
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
-from .upstream import UpstreamPool
-
-SETTINGS = web.AppKey("settings", Settings)
-POOL = web.AppKey("pool", Pool)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
-STATS = web.AppKey("stats", StatsBook)
-GENERATIONS = web.AppKey("generations", Generations)
-RELOADER = web.AppKey("reloader", Reloader)
-METRICS_APP = web.AppKey("metrics_app", web.Application)
-DISPATCH: web.AppKey[Dispatch] = web.AppKey("dispatch")  # the generation endpoints, for the native front
 
 
 def _marked(middleware: Middleware) -> Middleware:
@@ -63,10 +68,28 @@ def build_pool(settings: Settings, secrets: Secrets | None = None) -> Pool:
         if b.name in keys:
             adapter = CredentialedAdapter(adapter, keys[b.name])
         states.append(BackendState(config=b, adapter=adapter))
-    return Pool(states, failure_threshold=settings.health.failure_threshold, cooldown_s=settings.health.cooldown_s)
+    h = settings.health
+    rules = OutlierRules(
+        consecutive=h.failure_threshold, failure_rate=h.failure_rate, window_s=h.window_s, min_requests=h.min_requests,
+        base_ejection_s=h.cooldown_s, max_ejection_s=h.max_ejection_s, max_ejected_share=h.max_ejected_share,
+    )
+    return Pool(states, rules=rules)
 
 
-async def build_app(
+@dataclass
+class Built:
+    """A gateway, wired and not yet listening."""
+
+    app: web.Application  # aiohttp's: every path but the native front's generation requests
+    metrics_app: web.Application | None  # `/metrics` alone, when it has its own port
+    dispatcher: Dispatcher
+    generations: Generations
+    reloader: Reloader
+    health: SelfHealth
+    upstream: UpstreamPool
+
+
+async def build(
     settings: Settings,
     *,
     registry: CollectorRegistry | None = None,
@@ -76,11 +99,11 @@ async def build_app(
     weights: WeightsFn | None = None,
     secrets: Secrets | None = None,
     config_path: str | Path | None = None,
-) -> web.Application:
-    """Build the gateway application; must run inside the event loop that will serve it.
+) -> Built:
+    """Build the gateway; must run inside the event loop that will serve it.
 
     `weights(route_model) -> {arm: weight}` is where the A/B statistics read the live split weights
-    (default: as configured). `secrets` default to resolving the config's references now (raises
+    (default: the live ones). `secrets` default to resolving the config's references now (raises
     ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file."""
     registry = registry if registry is not None else CollectorRegistry()
     rng = rng if rng is not None else random.Random()
@@ -93,14 +116,12 @@ async def build_app(
 
     stats = StatsBook(settings, started_at=clock(), weights=weights)
     routing = RoutingState()  # prefix memory and latency estimators outlive config generations
-
-    limiter = KeyLimiter(clock)
+    splits = Splits()  # so do live A/B weights, while a route's split stays as configured
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record])
-    guard = Guard(generations, limiter, recorder, registry, clock=clock)
-    recorder.observers.append(guard.observe)
+    guard = Guard(generations, KeyLimiter(clock), registry)
+    accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    session = aiohttp.ClientSession(connector=connector)  # health probes and load scrapes
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
     upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
 
     def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
@@ -108,38 +129,38 @@ async def build_app(
             stats.reconfigure(settings)  # new backends and arms join the live comparison
         pool = build_pool(settings, secrets)
         upstream.connect_timeout_s = settings.timeouts.connect_s
+        splits.retain([r.model for r in settings.routes if r.split is not None])
         proxy = Proxy(
-            settings, pool, recorder, upstream, clock=clock, rng=rng, routing=routing,
-            throughput=stats.peak_output_tps,
+            settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
+            throughput=stats.peak_output_tps, splits=splits,
         )
         poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
         return Generation(number, settings, secrets, pool, proxy, poller)
 
     generations.install(build_generation(settings, secrets, 1))
     reloader = Reloader(generations, build_generation, config_path)
+    dispatcher = Dispatcher(generations, guard, accounting, clock=clock)
 
     app = web.Application(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
         client_max_size=settings.limits.max_body_bytes,
     )
-    app[SETTINGS] = settings
-    app[POOL] = generations.current.pool
-    app[REGISTRY] = registry
-    app[STATS] = stats
-    app[GENERATIONS] = generations
-    app[RELOADER] = reloader
+    health = observability.install(app, registry, backends=lambda: generations.current.settings.backends,
+                                   observers=recorder.observers)
+    health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
-    handlers = Handlers(generations, registry, serve_metrics=not separate_metrics)
+    handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,
+                        serve_metrics=not separate_metrics)
     handlers.install(app)
-    app[DISPATCH] = guard.guarded(handlers.generate)
-    reloader.install(app)
-    split_admin.install(app, lambda: generations.current.proxy)
+    backends_admin.install(app, generations)
+    reload_admin.install(app, reloader)
+    weights_admin.install(app, lambda: generations.current.proxy)
     install_openapi(app)
     DashboardHandlers(Comparer(stats), clock).install(app)
+    metrics_app = None
     if separate_metrics:
         metrics_app = web.Application(middlewares=[_marked(error_middleware)])
         metrics_app.router.add_get("/metrics", handlers.metrics)
-        app[METRICS_APP] = metrics_app
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         first = generations.current
@@ -153,4 +174,76 @@ async def build_app(
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return app
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream)
+
+
+def _raise_open_file_limit() -> None:
+    """Every open stream holds two sockets (client and backend): lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+@dataclass
+class Running:
+    """A listening gateway process."""
+
+    built: Built
+    url: str
+    metrics_url: str | None
+    runners: list[web.AppRunner] = field(default_factory=list)
+    front: Front | None = None
+    listener: asyncio.Server | None = None
+
+    async def stop(self, drain_timeout_s: float) -> None:
+        """Stop listening, let running requests finish (up to the drain timeout), then clean up."""
+        if self.listener is not None and self.front is not None:
+            self.listener.close()
+            await self.front.shutdown(drain_timeout_s)
+        for runner in self.runners:  # stops listening, closes idle connections, waits for running handlers
+            await runner.cleanup()
+
+
+async def start(
+    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None
+) -> Running:
+    """Build the gateway and listen: the native front (or aiohttp alone) on `host:port`, and the
+    metrics port when configured. Limits are read once, here, for both fronts: changing them needs a
+    restart (a reload says so in `restart_required`)."""
+    built = await build(settings, config_path=config_path)
+    limits = settings.limits
+    runner = GatewayRunner(
+        built.app, header_timeout_s=limits.header_timeout_s, handler_cancellation=True, access_log=None,
+        shutdown_timeout=limits.drain_timeout_s, max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes, lingering_time=1.0,
+    )
+    await runner.setup()
+    _raise_open_file_limit()
+    reuse = reuse_port or None
+    running = Running(built, "", None, [runner])
+    if settings.listen.front == "native":
+        assert runner.server is not None
+        running.front = Front(built.dispatcher, runner.server, lambda: limits)
+        running.listener = await asyncio.get_running_loop().create_server(
+            running.front, host, port, reuse_port=reuse, backlog=settings.listen.backlog
+        )
+        bound = running.listener.sockets[0].getsockname()[1]
+    else:
+        site = web.TCPSite(runner, host, port, reuse_port=reuse, backlog=settings.listen.backlog)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+    running.url = f"http://{host}:{bound}"
+    server = runner.server
+    assert server is not None
+    front = running.front
+    built.health.connections.add(
+        "client", lambda: len(server.connections) + (len(front.connections) if front is not None else 0)
+    )
+    if built.metrics_app is not None and settings.listen.metrics_port is not None:
+        metrics_runner = web.AppRunner(built.metrics_app, access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, host, settings.listen.metrics_port, reuse_port=reuse).start()
+        running.metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
+        running.runners.append(metrics_runner)
+    return running

@@ -11,10 +11,16 @@ GatewayError                      anything the client sees as an OpenAI error bo
 └── UpstreamError       (status)  a backend's own error, normalised, with the backend's status
 
 BackendError                      a failure talking to one backend (never shown raw to clients)
-├── BackendConnectError           refused / reset before any byte: retryable
-├── BackendTimeout                connect, first-token or total timeout
-├── BackendOverloaded             429 / 503 before any work: retryable
-└── BackendProtocolError          broken stream, invalid payload
+├── BackendConnectError           no connection, so nothing was sent: retryable
+├── BackendOverloaded             429 / 503: the backend refused before any work: retryable
+├── BackendResetError             the connection closed after the request was sent, before any
+│                                 response: the engine may have generated, so never retried (502)
+├── BackendTimeout                no first byte / no answer in time: not retried (504)
+└── BackendProtocolError          a malformed or truncated response, a broken stream (502)
+
+`retryable` is the one retry rule: only what provably never reached an engine. `blames_backend` says
+whether the failure counts against the backend in outlier detection (an overloaded backend is
+shedding load, not failing).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Mapping
 
 from backends.base import ErrorBody
 
-from . import jsonx
+from . import json_codec
 
 
 class GatewayError(Exception):
@@ -47,7 +53,7 @@ class GatewayError(Exception):
         return ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
 
     def render(self) -> bytes:
-        return jsonx.dumps(self.body().as_dict())
+        return json_codec.dumps(self.body().as_dict())
 
 
 class InvalidRequest(GatewayError):
@@ -97,6 +103,7 @@ class UpstreamError(GatewayError):
 
 class BackendError(Exception):
     retryable = False
+    blames_backend = True
 
     def __init__(self, backend: str, detail: str = "") -> None:
         super().__init__(f"{backend}: {detail}" if detail else backend)
@@ -108,17 +115,21 @@ class BackendConnectError(BackendError):
     retryable = True
 
 
-class BackendTimeout(BackendError):
-    """No answer (or no first byte) in time. Retryable: the proxy only retries before anything
-    reached the client, so the worst case is abandoned work on a backend that was stuck anyway."""
+class BackendResetError(BackendError):
+    """The request was written and the connection closed before the response head. For a
+    non-streaming generation the head comes last, so the engine may have done all the work: never
+    resent (Envoy's `reset`, as opposed to `connect-failure`)."""
 
-    retryable = True
+
+class BackendTimeout(BackendError):
+    """No answer (or no first byte) in time. Not retried: the engine may be generating."""
 
 
 class BackendOverloaded(BackendError):
-    """429/503 before any byte was sent to the client: the backend did no work."""
+    """429/503: the backend refused the request before doing any work."""
 
     retryable = True
+    blames_backend = False
 
     def __init__(self, backend: str, status: int, error: ErrorBody) -> None:
         super().__init__(backend, f"status {status}: {error.message}")

@@ -89,6 +89,9 @@ class Shadow(_Strict):
 class Split(_Strict):
     arms: Annotated[list[Arm], Field(min_length=2)]
     salt: str | None = None  # hash salt for sticky assignment; default: the route's model name
+    # What keeps a client on one arm: `session` (x-session-id, else the body's `user`; a request with
+    # neither is assigned at random by weight), or `api_key` (those, else the client's API key).
+    sticky: Literal["session", "api_key"] = "session"
     shadow: Shadow | None = None
 
     @model_validator(mode="after")
@@ -139,9 +142,16 @@ class Retries(_Strict):
 
 
 class Health(_Strict):
+    """Health probes and outlier ejection (see `state.outliers` for the rule)."""
+
     interval_s: Annotated[float, Field(gt=0)] = 1.0
-    failure_threshold: Annotated[int, Field(ge=1)] = 3  # consecutive failures that eject a backend
-    cooldown_s: Annotated[float, Field(gt=0)] = 5.0  # minimum ejection time before a probe may re-admit
+    failure_threshold: Annotated[int, Field(ge=1)] = 5  # consecutive failed requests that eject a backend
+    failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5  # ... or this share of failures in the window
+    window_s: Annotated[float, Field(gt=0)] = 30.0
+    min_requests: Annotated[int, Field(ge=1)] = 10  # judged requests in the window before the rate counts
+    cooldown_s: Annotated[float, Field(gt=0)] = 5.0  # the first ejection's length; the n-th lasts n times it
+    max_ejection_s: Annotated[float, Field(gt=0)] = 300.0
+    max_ejected_share: Annotated[float, Field(gt=0, le=1)] = 0.5  # of the fleet at once (never the last)
 
 
 class Limits(_Strict):

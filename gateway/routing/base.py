@@ -61,7 +61,7 @@ class RequestFeatures:
     affinity_key: int | None = None  # the rendezvous key: prefix key, else session, else first block
     prefix_key: str | None = None
     session_key: str | None = None
-    sticky_key: str | None = None  # for A/B arms: session, else body `user`, else a digest of the API key
+    sticky_key: str | None = None  # for A/B arms: session, else the body's `user`
     sla: SlaTarget | None = None
 
 

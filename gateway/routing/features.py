@@ -24,7 +24,7 @@ from typing import Any
 from backends.base import Endpoint, TranslationError
 from backends.chat_templates import render
 
-from .. import jsonx
+from .. import json_codec
 from .base import CHARS_PER_TOKEN, UNIT_CHARS, RequestFeatures, SlaTarget
 from .hashing import chain_hashes, stable_hash
 
@@ -52,7 +52,7 @@ def _prompt_bytes(body: Mapping[str, Any], endpoint: Endpoint, template: str) ->
         try:
             text = render(messages, template)
         except (TranslationError, ValueError):
-            raw = jsonx.dumps(messages)  # images and the like: still a stable byte stream
+            raw = json_codec.dumps(messages)  # images and the like: still a stable byte stream
             return raw, math.ceil(len(raw) / CHARS_PER_TOKEN)
         return text.encode("utf-8"), math.ceil(len(text) / CHARS_PER_TOKEN)
     prompt = body.get("prompt")
@@ -91,7 +91,8 @@ def _sla(headers: Mapping[str, str]) -> SlaTarget | None:
     return SlaTarget(ttft_s=ttft, tpot_s=tpot, strict=strict_raw in _TRUE)
 
 
-def _api_key(headers: Mapping[str, str]) -> str | None:
+def api_key_digest(headers: Mapping[str, str]) -> str | None:
+    """A digest of the bearer token (A/B stickiness by API key, where a split asks for it)."""
     auth = headers.get("authorization")
     if not auth:
         return None
@@ -132,8 +133,7 @@ def describe(
     elif isinstance(user, str) and user:
         sticky = "u:" + user
     else:
-        api_key = _api_key(headers)
-        sticky = "k:" + api_key if api_key else None
+        sticky = None
     return RequestFeatures(
         chain=chain,
         prompt_bytes=len(data),

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ..metrics import NONE, Outcome
+from ..observability.outcome import NONE, Outcome
 from ..settings import Settings
 from .window import Sample, Series
 
@@ -46,7 +46,6 @@ def is_error(status: str) -> bool:
 
 def to_sample(o: Outcome) -> Sample:
     usage = o.usage
-    gaps = tuple(o.gaps_s)
     prompt = usage.prompt_tokens if usage else 0
     completion = usage.completion_tokens if usage else 0
     tpot = None
@@ -54,7 +53,7 @@ def to_sample(o: Outcome) -> Sample:
         tpot = max(o.duration_s - o.ttft_s, 0.0) / (completion - 1)
     return Sample(
         at=o.finished_at, error=is_error(o.status), prompt_tokens=prompt, completion_tokens=completion,
-        cached_tokens=(usage.cached_tokens or 0) if usage else 0, ttft_s=o.ttft_s, gaps_s=gaps,
+        cached_tokens=(usage.cached_tokens or 0) if usage else 0, ttft_s=o.ttft_s, gaps=o.gaps,
         tpot_s=tpot, e2e_s=o.duration_s, sla=o.sla,
     )
 

@@ -1,4 +1,4 @@
-"""Bounded sample reservoirs and weighted nearest-rank percentiles.
+"""Weighted nearest-rank percentiles over bounded sample reservoirs (`observability.reservoir`).
 
 Why reservoirs and not a sketch: tests (and operators) can check a percentile against the exact
 samples fed in, as long as a bucket holds fewer samples than its cap. Past the cap, a bucket keeps a
@@ -12,45 +12,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import random
-from array import array
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
+from ..observability.reservoir import Reservoir
 
-class Reservoir:
-    """At most `cap` samples out of `seen`, uniformly chosen; memory is O(cap)."""
-
-    __slots__ = ("_next", "_w", "cap", "seen", "values")
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.seen = 0
-        self.values = array("d")
-        self._w = 0.0
-        self._next = 0  # the observation number (1-based) that will be kept next, once full
-
-    def add(self, value: float, rng: random.Random) -> None:
-        self.seen += 1
-        if self.seen == self._next:
-            self.values[rng.randrange(self.cap)] = value
-            self._advance(rng)
-        elif len(self.values) < self.cap:
-            self.values.append(value)
-            if len(self.values) == self.cap:
-                self._w = 1.0
-                self._advance(rng)
-
-    def _advance(self, rng: random.Random) -> None:
-        """Algorithm L: shrink the acceptance threshold, then jump to the next kept observation."""
-        self._w *= math.exp(math.log(rng.random() or 1e-300) / self.cap)
-        gap = math.log(rng.random() or 1e-300) / math.log1p(-self._w) if self._w < 1.0 else 0.0
-        self._next = self.seen + int(gap) + 1
-
-    @property
-    def weight(self) -> float:
-        """How many observed samples each retained sample stands for."""
-        return self.seen / len(self.values) if self.values else 0.0
+__all__ = ["Reservoir", "nearest_rank", "percentile", "summary", "weighted_samples"]
 
 
 def weighted_samples(reservoirs: Iterable[Reservoir]) -> list[tuple[float, float]]:

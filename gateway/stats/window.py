@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from backends.values import value
 
+from ..observability.outcome import Gaps
 from .quantiles import Reservoir
 
 FINE_S = 1
@@ -102,7 +103,7 @@ class Sample:
     completion_tokens: int
     cached_tokens: int
     ttft_s: float | None
-    gaps_s: tuple[float, ...]
+    gaps: Gaps | None  # inter-token gaps (a stream's count, sum and sample)
     tpot_s: float | None
     e2e_s: float
     sla: str | None
@@ -152,8 +153,8 @@ class Series:
             if s.tpot_s is not None:
                 b.tpot.add(s.tpot_s, self._rng)
             b.e2e.add(s.e2e_s, self._rng)
-            for gap in s.gaps_s:
-                b.itl.add(gap, self._rng)
+            if s.gaps is not None:
+                b.itl.absorb(s.gaps.sample, self._rng)
 
     def advance(self, now: float) -> None:
         """Score every newly completed 10-s span for the best-throughput figure."""

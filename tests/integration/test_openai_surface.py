@@ -80,14 +80,22 @@ def test_completions_streaming_and_not(emulators: Emulators, gateway: StartGatew
     assert gw.metric("gateway_requests_total", backend=f"{runtime}-a", status="200") == 2
 
 
-def test_client_request_id_is_kept_and_passed_upstream(emulators: Emulators, gateway: StartGateway) -> None:
+def test_client_request_id_is_echoed_but_the_engine_gets_an_id_of_the_gateway(
+    emulators: Emulators, gateway: StartGateway
+) -> None:
+    """vLLM uses X-Request-Id as its engine request id and mishandles duplicates: two clients that
+    send the same id must both be served, so upstream every attempt carries a gateway-unique id."""
     gw = one_backend(emulators, gateway, "vllm")
-    raw = client(gw).chat.completions.with_raw_response.create(
-        model="moe", messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": "req-abc123"}
-    )
-    assert raw.headers["x-request-id"] == "req-abc123"
-    # vLLM builds its completion id from the X-Request-Id header it received
-    assert raw.parse().id == "chatcmpl-req-abc123"
+    ids = []
+    for _ in range(2):
+        raw = client(gw).chat.completions.with_raw_response.create(
+            model="moe", messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": "req-abc123"}
+        )
+        assert raw.headers["x-request-id"] == "req-abc123"  # the client's own id comes back
+        ids.append(raw.parse().id)  # vLLM builds its completion id from the X-Request-Id it received
+    assert all(i.startswith("chatcmpl-") for i in ids)
+    assert "chatcmpl-req-abc123" not in ids
+    assert ids[0] != ids[1]
 
 
 def test_models_health_ready_and_admin(emulators: Emulators, gateway: StartGateway) -> None:

@@ -14,7 +14,7 @@ import openai
 import pytest
 import yaml
 
-from gateway.secrets import hash_key
+from gateway.access.secrets import hash_key
 
 from .fakes import RecordingBackend, start_recording_backend
 from .harness import ROOT, Emulators, GatewayProcess, LoopThread, backend_entry
@@ -201,7 +201,7 @@ def test_a_missing_upstream_secret_is_a_config_error_naming_the_field(tmp_path: 
 
 
 def test_settings_repr_holds_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.secrets import resolve_secrets
+    from gateway.access.secrets import resolve_secrets
     from gateway.settings import parse_settings
 
     monkeypatch.setenv("IGW_TEST_REPR_KEY", "repr-secret")

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from gateway.auth import find_key
-from gateway.secrets import hash_key
+from gateway.access.auth import find_key
+from gateway.access.secrets import hash_key
 from gateway.settings import ApiKey, ConfigError, parse_settings
 
 BASE: dict[str, Any] = {

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.deadline import Deadlines
+from gateway.proxy.deadlines import Deadlines
 
 
 def deadlines() -> Deadlines:

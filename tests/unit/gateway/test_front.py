@@ -15,9 +15,9 @@ from aiohttp import web
 
 from backends.base import Endpoint
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.front import Front
-from gateway.lowlevel import GatewayRunner
-from gateway.reply import Reply
+from gateway.http.aiohttp_server import GatewayRunner
+from gateway.http.native_front import Front
+from gateway.proxy.sink import ResponseSink
 from gateway.settings import Limits
 
 LIMITS = Limits(max_body_bytes=4096, max_header_bytes=2048, header_timeout_s=0.3, body_timeout_s=0.3)
@@ -30,13 +30,17 @@ class Served:
     port: int
     front: Front
     seen: list[tuple[Endpoint, dict[str, str], bytes, str]] = field(default_factory=list)
+    refusals: list[tuple[Endpoint, int]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        self.refusals.append((endpoint, status))
+
     async def dispatch(
-        self, headers: dict[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str
+        self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, reply: ResponseSink, request_id: str
     ) -> None:
-        self.seen.append((endpoint, headers, body, request_id))
+        self.seen.append((endpoint, dict(headers), body, request_id))
         if body == b"stream":
             await reply.start(200, {"Content-Type": "text/event-stream"})
             await reply.write(b"data: 1\n\n")
@@ -65,12 +69,16 @@ async def served() -> AsyncIterator[Served]:
     assert runner.server is not None
     holder: list[Served] = []
 
-    async def dispatch(
-        headers: dict[str, str], body: bytes, endpoint: Endpoint, reply: Reply, request_id: str
-    ) -> None:
-        await holder[0].dispatch(headers, body, endpoint, reply, request_id)
+    class Relay:  # the front is built before the Served record that knows its port
+        async def dispatch(
+            self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, reply: ResponseSink, request_id: str
+        ) -> None:
+            await holder[0].dispatch(headers, body, endpoint, reply, request_id)
 
-    front = Front(dispatch, runner.server, lambda: LIMITS)
+        def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+            holder[0].refused(endpoint, status, request_id)
+
+    front = Front(Relay(), runner.server, lambda: LIMITS)
     server = await asyncio.get_running_loop().create_server(front, "127.0.0.1", 0)
     served = Served("127.0.0.1", server.sockets[0].getsockname()[1], front)
     holder.append(served)
@@ -262,7 +270,7 @@ async def test_shutdown_lets_running_requests_finish_and_closes_idle_ones(served
 
 
 def test_error_status_is_kept_for_unknown_codes() -> None:
-    from gateway.front import error_bytes, status_line
+    from gateway.http.native_front import error_bytes, status_line
 
     error = GatewayError("x")
     error.status = 599

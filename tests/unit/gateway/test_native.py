@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.native import StaleNativeBuild, check, compiled, stale
+from gateway.build_check import StaleNativeBuild, check, compiled, stale
 
 SUFFIX = ".cpython-311-x86_64-linux-gnu.so"
 

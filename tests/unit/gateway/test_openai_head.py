@@ -4,7 +4,7 @@ import pytest
 
 from backends.base import Endpoint
 from gateway.errors import InvalidRequest
-from gateway.openai_head import parse_request
+from gateway.proxy.request import parse_request
 
 
 def test_parses_what_routing_needs() -> None:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from gateway.ratelimit import KeyLimiter
-from gateway.secrets import hash_key
+from gateway.access.ratelimit import KeyLimiter
+from gateway.access.secrets import hash_key
 from gateway.settings import ApiKey
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.relay import SseRelay
+from gateway.proxy.sse import SseFramingError, SseRelay
 
 HEAD = b'data: {"id":"c1","object":"chat.completion.chunk","model":"tiny-moe",'
 ROLE = HEAD + b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -18,7 +18,7 @@ STREAM = ROLE + TOK + TOK + USAGE + DONE
 
 def run(relay: SseRelay, parts: list[bytes]) -> bytes:
     out = b"".join(relay.feed(p, float(i)) for i, p in enumerate(parts))
-    return out + relay.close()
+    return out + relay.close(float(len(parts)))
 
 
 def events(data: bytes) -> list[bytes]:
@@ -32,7 +32,7 @@ def test_usage_chunk_is_kept_when_the_client_asked_and_model_is_rewritten() -> N
     assert relay.stats.usage is not None
     assert (relay.stats.usage.prompt_tokens, relay.stats.usage.completion_tokens) == (7, 3)
     assert relay.stats.usage.cached_tokens == 4
-    assert relay.stats.events == 3  # role + two tokens; the usage chunk is not output
+    assert relay.stats.tokens == 2  # two token events; the role and usage chunks are not output
     assert relay.stats.done
 
 
@@ -50,15 +50,15 @@ def test_output_does_not_depend_on_how_bytes_are_split(include_usage: bool) -> N
     for cut in range(1, len(STREAM)):
         relay = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=include_usage)
         assert run(relay, [STREAM[:cut], STREAM[cut:]]) == whole, cut
-        assert relay.stats.events == 3
+        assert relay.stats.tokens == 2
 
 
 def test_gaps_are_measured_between_output_events() -> None:
     relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
     for t, chunk in [(1.0, ROLE), (1.5, TOK), (1.75, TOK), (2.0, USAGE), (2.0, DONE)]:
         relay.feed(chunk, t)
-    assert relay.stats.first_event_at == 1.0
-    assert relay.stats.gaps == [0.5, 0.25]
+    assert relay.stats.first_token_at == 1.5  # the first token, not the role chunk
+    assert (relay.stats.gaps.count, relay.stats.gaps.sum) == (1, 0.25)
 
 
 @pytest.mark.parametrize(
@@ -85,13 +85,47 @@ def test_error_events_are_normalised_to_the_nested_openai_shape(event: bytes) ->
 def test_comments_pass_through_and_do_not_count() -> None:
     relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
     assert relay.feed(b": keep-alive\n\n", 0.0) == b": keep-alive\n\n"
-    assert relay.stats.events == 0
+    assert relay.stats.tokens == 0
 
 
-def test_first_event_is_split_off_a_burst_of_events() -> None:
-    from gateway.proxy import _first_event
+def test_tokens_that_arrive_together_share_the_interval_before_them() -> None:
+    relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
+    relay.feed(ROLE + TOK, 1.0)
+    relay.feed(TOK + TOK + TOK + TOK, 2.0)  # four tokens flushed at once, one second after the first
+    gaps = relay.stats.gaps
+    assert (gaps.count, gaps.sum, gaps.mean_s) == (4, 1.0, 0.25)  # not three gaps of 0 and one of 1
 
-    assert _first_event(b"data: 1\n\ndata: 2\n\n") == (b"data: 1\n\n", b"data: 2\n\n")
-    assert _first_event(b"data: 1\n\n") == (b"data: 1\n\n", b"")
-    assert _first_event(b"data: 1") == (b"data: 1", b"")  # no complete event yet: nothing to split
-    assert _first_event(b"") == (b"", b"")
+
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_every_sse_line_ending_frames_events(sep: bytes) -> None:
+    stream = STREAM.replace(b"\n\n", sep)
+    for cut in range(1, len(stream), 7):
+        relay = SseRelay(backend_model="tiny-moe", client_model="tiny-moe", include_usage=True)
+        assert run(relay, [stream[:cut], stream[cut:]]) == STREAM, cut
+        assert relay.stats.done
+        assert relay.stats.tokens == 2
+
+
+def test_done_without_the_space_ends_the_stream() -> None:
+    relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
+    assert relay.feed(TOK + b"data:[DONE]\n\n", 0.0) == TOK + DONE
+    assert relay.stats.done
+
+
+def test_an_event_that_never_ends_is_refused_not_buffered_without_bound() -> None:
+    relay = SseRelay(backend_model="x", client_model="x", include_usage=False)
+    for _ in range(31):  # just under the limit: still buffered
+        relay.feed(b"x" * 32_768, 0.0)
+    with pytest.raises(SseFramingError):
+        relay.feed(b"x" * 65_536, 0.0)
+
+
+def test_the_fast_path_and_the_general_path_agree_event_by_event() -> None:
+    """Once the prefix is learned, single-event reads skip JSON; the result must be identical."""
+    chunks = [ROLE, TOK, TOK, TOK, USAGE, DONE]
+    one = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=True)
+    split = b"".join(one.feed(c, float(i)) for i, c in enumerate(chunks))
+    other = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=True)
+    whole = other.feed(b"".join(chunks), 0.0)
+    assert split == whole
+    assert one.stats.tokens == other.stats.tokens == 3

@@ -24,14 +24,16 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from gateway.upstream import (
+from gateway.client import (
     HIGH_WATER_BYTES,
     UpstreamConnectError,
     UpstreamLocalExhaustion,
     UpstreamPool,
     UpstreamProtocolError,
+    UpstreamResetError,
     UpstreamResponse,
 )
+from gateway.client.pool import IDLE_TIMEOUT_S
 
 Handler = Callable[[Reader, Writer], Awaitable[None]]
 
@@ -392,7 +394,7 @@ async def test_idle_limits(serve: Serve) -> None:
         await expired.close()
 
 
-async def test_idle_connection_closed_by_the_server_is_replaced(serve: Serve, pool: UpstreamPool) -> None:
+async def test_idle_connection_closed_by_the_server_is_dropped_not_reused(serve: Serve, pool: UpstreamPool) -> None:
     closed = asyncio.Event()
 
     async def handler(reader: Reader, writer: Writer) -> None:
@@ -405,35 +407,35 @@ async def test_idle_connection_closed_by_the_server_is_replaced(serve: Serve, po
     up = await serve(handler)
     assert await (await pool.request(up.origin, "POST", "/", {})).read() == b"once"
     await closed.wait()
+    await until(lambda: pool.idle(up.origin) == 0)  # the server's FIN drops the idle connection
     assert await (await pool.request(up.origin, "POST", "/", {})).read() == b"once"
     assert up.accepted == 2
 
 
-async def test_reused_connection_closed_as_we_send_is_retried_once(serve: Serve, pool: UpstreamPool) -> None:
+async def test_reused_connection_closed_as_we_send_is_never_resent(serve: Serve, pool: UpstreamPool) -> None:
+    """The server read the request and hung up unanswered: it may have acted on it, so the client
+    gets the failure and the request is not sent again anywhere (it reached the server once)."""
+    requests = 0
+
     async def handler(reader: Reader, writer: Writer) -> None:
+        nonlocal requests
         await read_request(reader)
+        requests += 1
         writer.write(ok(b"fine"))
         await read_request(reader)  # read the next request on this connection, then hang up unanswered
+        requests += 1
 
     up = await serve(handler)
-    for _ in range(2):  # the second meets the hang-up on the reused connection, and is retried on a new one
-        resp = await pool.request(up.origin, "POST", "/", {})
-        assert await resp.read() == b"fine"
-    assert up.accepted == 2
-
-
-async def test_retry_happens_once_only(serve: Serve, pool: UpstreamPool) -> None:
-    async def handler(reader: Reader, writer: Writer) -> None:
-        await read_request(reader)
-        if up.accepted == 1:
-            writer.write(ok(b"fine"))
-            await read_request(reader)
-
-    up = await serve(handler)
-    await (await pool.request(up.origin, "POST", "/", {})).read()
-    with pytest.raises(UpstreamConnectError, match="before the response"):
+    assert await (await pool.request(up.origin, "POST", "/", {})).read() == b"fine"
+    with pytest.raises(UpstreamResetError, match="before the response"):
         await pool.request(up.origin, "POST", "/", {})
-    assert up.accepted == 2
+    assert requests == 2
+    assert up.accepted == 1
+
+
+async def test_idle_connections_expire_before_the_runtimes_keep_alive() -> None:
+    assert IDLE_TIMEOUT_S < 5.0  # uvicorn's timeout_keep_alive, which vLLM, SGLang and trtllm-serve use
+    assert UpstreamPool()._idle_timeout_s == IDLE_TIMEOUT_S
 
 
 async def test_closed_pool_refuses_requests(serve: Serve) -> None:
@@ -458,7 +460,7 @@ async def test_refused_port_is_a_connect_error(pool: UpstreamPool) -> None:
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["eof", "reset"])
-async def test_fresh_connection_closed_before_the_head_is_a_connect_error(
+async def test_connection_closed_after_the_request_before_the_head_is_a_reset(
     serve: Serve, pool: UpstreamPool, reset: bool
 ) -> None:
     async def handler(reader: Reader, writer: Writer) -> None:
@@ -469,9 +471,9 @@ async def test_fresh_connection_closed_before_the_head_is_a_connect_error(
             writer.transport.abort()
 
     up = await serve(handler)
-    with pytest.raises(UpstreamConnectError, match="before the response"):
+    with pytest.raises(UpstreamResetError, match="before the response"):
         await pool.request(up.origin, "POST", "/", {})
-    assert up.accepted == 1  # a fresh connection is never retried
+    assert up.accepted == 1  # never resent
 
 
 @pytest.mark.parametrize(
@@ -586,11 +588,10 @@ ON_BOTH_LOOPS = [
         test_slow_reader_pauses_the_socket_then_gets_every_byte,
         test_sequential_requests_reuse_one_connection_with_nodelay,
         test_fifty_concurrent_requests,
-        test_idle_connection_closed_by_the_server_is_replaced,
-        test_reused_connection_closed_as_we_send_is_retried_once,
-        test_retry_happens_once_only,
+        test_idle_connection_closed_by_the_server_is_dropped_not_reused,
+        test_reused_connection_closed_as_we_send_is_never_resent,
     )),
-    pytest.param(functools.partial(test_fresh_connection_closed_before_the_head_is_a_connect_error, reset=True),
+    pytest.param(functools.partial(test_connection_closed_after_the_request_before_the_head_is_a_reset, reset=True),
                  id="reset_before_the_head"),
     pytest.param(functools.partial(test_cancelling_mid_request_closes_the_connection, stage="head"),
                  id="cancelled_before_the_head"),

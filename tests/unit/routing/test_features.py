@@ -10,6 +10,7 @@ from backends.base import Endpoint
 from backends.chat_templates import render
 from gateway.routing import BadRoutingHeader, SlaTarget, describe, stride_for
 from gateway.routing.base import UNIT_CHARS
+from gateway.routing.features import api_key_digest
 from gateway.routing.hashing import chain_hashes
 
 from .helpers import chat, doc, features
@@ -49,16 +50,18 @@ def test_session_overrides_inferred_key_but_not_the_prefix_key() -> None:
     assert both.affinity_key == features(doc(3), x_prefix_key="t").affinity_key
 
 
-def test_sticky_key_precedence_and_the_api_key_is_never_kept() -> None:
+def test_sticky_key_precedence_and_the_api_key_is_not_a_session() -> None:
+    """The OpenAI SDK always sends a key: stickiness by key is opt-in (`split.sticky: api_key`),
+    so a request with neither session nor user has no sticky key (its arm is drawn by weight)."""
     body = chat("x") | {"user": "alice"}
     headers = {"authorization": "Bearer sk-secret"}
     assert describe(body, Endpoint.CHAT, {"x-session-id": "s", **headers}).sticky_key == "s:s"
     assert describe(body, Endpoint.CHAT, headers).sticky_key == "u:alice"
-    by_key = describe(chat("x"), Endpoint.CHAT, headers).sticky_key
-    assert by_key is not None
-    assert by_key.startswith("k:")
-    assert "sk-secret" not in by_key
-    assert describe(chat("x"), Endpoint.CHAT, {}).sticky_key is None
+    assert describe(chat("x"), Endpoint.CHAT, headers).sticky_key is None
+    digest = api_key_digest(headers)
+    assert digest is not None
+    assert "sk-secret" not in digest
+    assert api_key_digest({}) is None
 
 
 def test_completions_prompts_strings_batches_and_token_ids() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Usage
-from gateway.metrics import Outcome
+from gateway.observability.outcome import Gaps, Outcome
 from gateway.settings import Settings, parse_settings
 
 SETTINGS: dict[str, Any] = {
@@ -38,6 +38,6 @@ def outcome(
 ) -> Outcome:
     return Outcome(
         backend, RUNTIME.get(backend, "none"), model, status, duration,
-        Usage(prompt, completion, cached), ttft, tuple(gaps),
+        Usage(prompt, completion, cached), ttft, Gaps.of(gaps) if gaps else None,
         arm=arm, sla=sla, finished_at=at,
     )

@@ -12,9 +12,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from gateway.admin.compare_cli import render
 from gateway.app import build_pool
-from gateway.compare_cli import render
-from gateway.metrics import Recorder
+from gateway.observability.metrics import Recorder
 from gateway.stats import Comparer, LiveCollector, StatsBook
 
 from .fixtures import outcome, settings

@@ -1,0 +1,151 @@
+"""Client authentication, per-key rate limits and the admin token.
+
+Keys are stored as SHA-256 digests; a presented key is hashed and compared with every configured
+digest by `hmac.compare_digest` (constant time, no early exit). The authenticated key travels with the
+request (`proxy.exchange.Exchange.key`) and accounting charges its usage to it, once, at the end.
+
+A key asking for a model it may not use gets 404 `model_not_found`, exactly as for a model that does
+not exist: a key learns nothing about routes it has no access to (OpenAI answers the same way).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from backends.base import Endpoint
+
+from ..errors import RateLimited, Unauthorized
+from ..observability.outcome import Outcome
+from ..settings import ApiKey
+from ..state.generations import Generations
+from .ratelimit import KeyLimiter
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
+ENDPOINT_PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+GENERATION_PATHS = frozenset(ENDPOINT_PATHS.values())
+
+
+def _digest(secret: str) -> bytes:
+    return ("sha256:" + hashlib.sha256(secret.encode()).hexdigest()).encode()
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def admin_credential(headers: Mapping[str, str]) -> str | None:
+    """The admin token from `Authorization: Bearer T`, or from HTTP Basic auth with T as the password.
+
+    Basic is accepted so that a browser can open `/dashboard`: on a 401 it prompts for credentials
+    and then sends them with every request the page makes, including its polls of `/admin/*`.
+    """
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "basic":
+        return bearer(headers)
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return decoded.partition(":")[2] or None
+
+
+def find_key(keys: tuple[ApiKey, ...], presented: str) -> ApiKey | None:
+    digest = _digest(presented)
+    found = None
+    for key in keys:  # every digest is compared: the time does not depend on which one matches
+        if hmac.compare_digest(digest, key.key.encode()):
+            found = key
+    return found
+
+
+def model_allowed(key: ApiKey | None, model: object) -> bool:
+    return key is None or key.models is None or model in key.models
+
+
+class Guard:
+    """Who may call: client keys and their rate limits, and the admin token. The generation endpoints
+    are admitted by the dispatcher (`authenticate`, `limit`), which records every outcome; aiohttp's
+    other paths go through `middleware`."""
+
+    def __init__(self, generations: Generations, limiter: KeyLimiter, registry: CollectorRegistry) -> None:
+        self._generations = generations
+        self._limiter = limiter
+        self.key_requests = Counter(
+            "gateway_key_requests", "Generation requests by client key id and outcome.", ("key", "status"),
+            registry=registry,
+        )
+        self.key_tokens = Counter(
+            "gateway_key_tokens",
+            "Tokens by client key id (from usage; estimated where a request ended before its usage).",
+            ("key", "kind"), registry=registry,
+        )
+
+    def charge(self, key: ApiKey, outcome: Outcome) -> None:
+        """Accounting's per-key hook: count the request and charge its tokens to the key's budget."""
+        self.key_requests.labels(key.id, outcome.status).inc()
+        usage = outcome.usage
+        if usage is not None:
+            self.key_tokens.labels(key.id, "prompt").inc(usage.prompt_tokens)
+            self.key_tokens.labels(key.id, "completion").inc(usage.completion_tokens)
+            self._limiter.charge(key, usage.prompt_tokens + usage.completion_tokens)
+
+    def authenticate(self, headers: Mapping[str, str]) -> ApiKey | None:
+        """The caller's key (None when keys are not configured); raises Unauthorized."""
+        secrets = self._generations.current.secrets
+        if not secrets.api_keys:
+            return None
+        token = bearer(headers)
+        key = find_key(secrets.api_keys, token) if token is not None else None
+        if key is None:
+            raise Unauthorized(
+                "Incorrect API key provided." if token else
+                "You didn't provide an API key (Authorization: Bearer YOUR_KEY)."
+            )
+        return key
+
+    def limit(self, key: ApiKey) -> None:
+        """Take one request from the key's budget; raises RateLimited when it is spent."""
+        limited = self._limiter.admit(key)
+        if limited is not None:
+            wait, kind = limited
+            raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
+                              kind=kind, retry_after_s=wait)
+
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in PUBLIC_PATHS or path in GENERATION_PATHS:  # the dispatcher admits generation requests
+            return await handler(request)
+        if path.startswith(("/admin", "/dashboard")):
+            self.check_admin(path, request.headers)
+            return await handler(request)
+        if path.startswith("/v1/"):
+            key = self.authenticate(request.headers)
+            if key is not None:
+                self.limit(key)
+                request["api_key"] = key.id
+                request["api_key_models"] = key.models
+        return await handler(request)
+
+    def check_admin(self, path: str, headers: Mapping[str, str]) -> None:
+        admin_digest = self._generations.current.secrets.admin_digest
+        if admin_digest is None:
+            return
+        token = admin_credential(headers)
+        if token is None or not hmac.compare_digest(_digest(token), admin_digest.encode()):
+            raise Unauthorized(
+                "A valid admin token is required (Authorization: Bearer, or Basic with the token "
+                "as the password).",
+                code="invalid_admin_token",
+                challenge='Basic realm="gateway admin"' if path.startswith("/dashboard") else None,
+            )

@@ -1,0 +1,1 @@
+"""Operator surfaces: admin API (backends, weights, reload), OpenAPI document, dashboard, compare CLI."""

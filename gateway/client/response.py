@@ -1,0 +1,148 @@
+"""One upstream response: status and headers once its head has arrived, the body as it arrives.
+
+The connection (`connection.Connection`) fills it from its parser callbacks; the proxy reads it with
+`read()`, `readany()` or `async for`. Closing it before the body's end aborts the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from .errors import UpstreamClientError, UpstreamProtocolError
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+HIGH_WATER_BYTES = 256 * 1024  # buffered and unread: past this, reading from the socket pauses
+
+
+class UpstreamResponse:
+    """Header names are lower-cased; the body is buffered only until it is read."""
+
+    __slots__ = ("_chunks", "_conn", "_eof", "_exc", "_headers", "_raw_headers", "_size", "_waiter", "head",
+                 "keep_alive", "status")
+
+    def __init__(self, conn: Connection, head: asyncio.Future[None]) -> None:
+        self.status = 0  # 0 until the final (non-1xx) head has arrived
+        self.head = head  # resolves when it has, or fails with the connection
+        self.keep_alive = False
+        self._raw_headers: list[tuple[bytes, bytes]] = []  # decoded only if someone asks (rarely)
+        self._headers: dict[str, str] | None = None
+        self._conn: Connection | None = conn  # None once the body is complete, failed or closed
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._eof = False  # nothing more will arrive
+        self._exc: UpstreamClientError | None = None  # raised once the buffered bytes are read
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Header names lower-cased; repeated headers joined with ", "."""
+        if self._headers is None:
+            headers: dict[str, str] = {}
+            for name, value in self._raw_headers:
+                key = name.decode("latin-1").lower()
+                text = value.decode("latin-1")
+                headers[key] = f"{headers[key]}, {text}" if key in headers else text
+            self._headers = headers
+        return self._headers
+
+    @property
+    def done(self) -> bool:
+        """Nothing more to read: the body was read to its end, or the response failed or was closed."""
+        return self._eof and not self._chunks
+
+    async def readany(self) -> bytes:
+        """The bytes received since the last call, as soon as there are any; b"" at the end."""
+        while not self._chunks:
+            if self._exc is not None:
+                raise self._exc
+            if self._eof:
+                return b""
+            self._waiter = self.head.get_loop().create_future()
+            try:
+                await self._waiter
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                self._waiter = None
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
+        return data
+
+    async def read(self) -> bytes:
+        """The whole remaining body."""
+        if self._eof and self._exc is None:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            return data
+        parts = []
+        while chunk := await self.readany():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self.readany()
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+    def close(self) -> None:
+        """Release the response. Before the body's end this aborts the connection."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.resp = None
+            conn.close()
+        if not self._eof:
+            self.fail(UpstreamProtocolError("response closed before its end"))
+        self._chunks.clear()
+
+    # -- called by the connection ----------------------------------------------------------------
+
+    def header(self, name: bytes, value: bytes) -> None:
+        self._raw_headers.append((name, value))
+
+    def interim(self) -> None:
+        """A 1xx head ended: its headers are not the response's."""
+        self._raw_headers = []
+
+    def headed(self, status: int, keep_alive: bool) -> None:
+        self.status = status
+        self.keep_alive = keep_alive
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def feed(self, body: bytes) -> int:
+        """Buffer body bytes; returns how many are buffered and unread."""
+        self._chunks.append(body)
+        self._size += len(body)
+        self._wake()
+        return self._size
+
+    def finish(self) -> None:
+        self._conn = None
+        self._eof = True
+        self._wake()
+
+    def fail(self, exc: UpstreamClientError) -> None:
+        self._conn = None
+        self._eof = True
+        self._exc = exc
+        if not self.head.done():
+            self.head.set_exception(exc)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -1,0 +1,38 @@
+"""Backend discovery: pools of backends found in DNS or Kubernetes, followed while the gateway runs.
+
+Imports nothing of the gateway but its JSON codec and `backends.base.Runtime`; the composition root
+wires it to the pool. The pieces:
+
+- config.py: the `discovery:` config entries (mount as `Settings.discovery`).
+- source.py: the `Source` contract, `changes()` (the one loop that counts and yields changes) and
+  `run()`; start here.
+- endpoints.py: `Endpoint`, and `backends_of(entry, endpoints)`, the backends an entry makes.
+- dns.py, kubernetes.py (+ kubernetes_objects.py, kubernetes_auth.py): the two sources.
+- metrics.py: `gateway_discovery_*` on an explicit registry.
+- factory.py: `make_source(entry)`.
+"""
+
+from .config import DiscoveryEntry, DnsDiscovery, KubernetesDiscovery
+from .endpoints import DiscoveredBackend, Endpoint, backends_of
+from .factory import make_source
+from .metrics import DiscoveryMetrics
+from .source import Backoff, Change, Failed, Observation, Resolved, Source, changes, run
+
+__all__ = [
+    "Backoff",
+    "Change",
+    "DiscoveredBackend",
+    "DiscoveryEntry",
+    "DiscoveryMetrics",
+    "DnsDiscovery",
+    "Endpoint",
+    "Failed",
+    "KubernetesDiscovery",
+    "Observation",
+    "Resolved",
+    "Source",
+    "backends_of",
+    "changes",
+    "make_source",
+    "run",
+]

@@ -1,0 +1,138 @@
+"""The contract every discovery source keeps, and the one loop that turns its answers into changes.
+
+A source (`DnsSource`, `KubernetesSource`) is an async iterator of observations: `Resolved(endpoints)`
+with the *complete* current set each time it has an answer, or `Failed(error)` each time an attempt
+fails. A source never ends and never raises (except `CancelledError` when its task is cancelled): it
+retries failures itself with backoff, through the `sleep` it was given.
+
+`changes(source)` is what the gateway consumes. It counts every observation once (resolutions and
+errors, the gauge of endpoints; see metrics.py), keeps the last known set in force across failures
+(a failure yields nothing), and yields a `Change` only when the set differs from the last one, plus
+once for the first answer (even an empty one, so that the consumer knows the source is live).
+Before the first answer the source has no endpoints.
+
+Run it in a task and stop it by cancelling the task; the source closes its sockets and clients on
+the way out:
+
+    async def follow(entry: DiscoveryEntry) -> None:
+        async for change in changes(make_source(entry), metrics=metrics):
+            pool.replace(entry.name, backends_of(entry, change.endpoints))
+
+    task = asyncio.create_task(follow(entry))
+    ...
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Protocol
+
+from .endpoints import Endpoint
+from .metrics import DiscoveryMetrics
+
+log = logging.getLogger("gateway.discovery")
+
+Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A complete answer: every endpoint the source knows now."""
+
+    endpoints: frozenset[Endpoint]
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An attempt that failed; the last known set stays in force."""
+
+    error: str
+
+
+Observation = Resolved | Failed
+
+
+class Source(Protocol):
+    """Something that finds endpoints. `name` is the discovery entry's name (the metrics label)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def observe(self) -> AsyncGenerator[Observation, None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: `initial_s * multiplier**(failures-1)`, capped at `max_s`,
+    then shortened by up to `jitter` of itself (so that replicas that failed together spread out)."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        exponent = min(max(failures, 1) - 1, 64)
+        base = min(self.max_s, self.initial_s * self.multiplier**exponent)
+        return base * (1.0 - self.jitter * rng.random())
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """The source's set changed (or was seen for the first time): the new set and the difference."""
+
+    source: str
+    endpoints: frozenset[Endpoint]
+    added: frozenset[Endpoint]
+    removed: frozenset[Endpoint]
+
+
+async def changes(source: Source, *, metrics: DiscoveryMetrics | None = None) -> AsyncGenerator[Change, None]:
+    """Follow `source` forever, yielding only changes of its endpoint set (see the module docstring)."""
+    known: frozenset[Endpoint] | None = None
+    failing = False
+    if metrics is not None:
+        metrics.declare(source.name)
+    async with aclosing(source.observe()) as observations:
+        async for observation in observations:
+            if isinstance(observation, Failed):
+                if metrics is not None:
+                    metrics.failed(source.name)
+                if not failing:
+                    kept = "no endpoints yet" if known is None else f"keeping the last {len(known)} endpoint(s)"
+                    log.warning("discovery %s failed (%s): %s", source.name, kept, observation.error)
+                failing = True
+                continue
+            if failing:
+                log.info("discovery %s answers again", source.name)
+                failing = False
+            if metrics is not None:
+                metrics.resolved(source.name)
+            if observation.endpoints == known:
+                continue
+            before = known or frozenset()
+            known = observation.endpoints
+            change = Change(source.name, known, known - before, before - known)
+            if metrics is not None:
+                metrics.changed(source.name, added=len(change.added), removed=len(change.removed), now=len(known))
+            log.info(
+                "discovery %s: %d endpoint(s), +%d -%d", source.name, len(known), len(change.added), len(change.removed)
+            )
+            yield change
+
+
+async def run(
+    source: Source, on_change: Callable[[Change], object], *, metrics: DiscoveryMetrics | None = None
+) -> None:
+    """`changes` as a coroutine for a task: calls `on_change` for every change until cancelled.
+    `on_change` runs on the loop and must not block; an exception from it ends the task."""
+    async for change in changes(source, metrics=metrics):
+        on_change(change)

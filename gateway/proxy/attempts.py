@@ -1,0 +1,228 @@
+"""Choose a backend, send the request, wait for its response head (and a stream's first bytes):
+one loop that retries only what provably never reached an engine.
+
+The retry rule, in one place (`BackendError.retryable`): an attempt is retried, on a backend not
+tried yet and up to `retries.max_attempts`, only when the connection could not be opened (nothing
+was sent) or the backend answered 429/503 (it refused before doing any work). A connection that
+closes after the request was written, a timeout and a 5xx are not retried: the engine may have
+generated, and a generation is never run twice. Nothing has reached the client while this runs.
+
+Why a hand-written loop and not tenacity: building a retry controller costs ~30 µs, more than the
+rest of the routing decision, for a loop of four lines whose only policy is the rule above.
+
+Every attempt's routing ticket is closed exactly once: here when the attempt fails (cancellation
+included), or by accounting at the end of the response it opened.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backends.base import TranslationError
+
+from ..client import (
+    UpstreamConnectError,
+    UpstreamLocalExhaustion,
+    UpstreamPool,
+    UpstreamProtocolError,
+    UpstreamResetError,
+    UpstreamResponse,
+)
+from ..errors import (
+    BackendConnectError,
+    BackendError,
+    BackendOverloaded,
+    BackendProtocolError,
+    BackendResetError,
+    BackendTimeout,
+    BadGateway,
+    GatewayError,
+    GatewayOverloaded,
+    GatewayTimeout,
+    InvalidRequest,
+    NoHealthyBackend,
+    SlaUnattainable,
+    UpstreamError,
+)
+from ..observability.metrics import Recorder
+from ..routing import RouteRequest, RoutingState, decide
+from ..settings import Timeouts
+from ..state.pool import BackendState, Pool
+from .accounting import Accounting
+from .deadlines import Deadlines
+from .exchange import Exchange, new_request_id
+from .routes import RouteState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Opened:
+    """A backend response whose head (and, for streams, first bytes) arrived in time."""
+
+    state: BackendState
+    resp: UpstreamResponse
+    first: bytes  # streams: the first bytes read; non-streams: the whole body
+
+
+class map_client_errors:  # used like a function; a class builds no generator per request
+    """Re-raise upstream client failures as BackendError subclasses (once, at this edge)."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        backend = self.backend
+        if isinstance(exc, TimeoutError):
+            raise BackendTimeout(backend, "no response in time") from exc
+        if isinstance(exc, UpstreamResetError):
+            raise BackendResetError(backend, str(exc)) from exc
+        if isinstance(exc, UpstreamProtocolError):
+            raise BackendProtocolError(backend, str(exc)) from exc
+        if isinstance(exc, UpstreamLocalExhaustion):  # ours, not the backend's: no failure counted, no retry
+            log.error("cannot open an upstream connection: %s", exc)
+            raise GatewayOverloaded("The gateway is out of connections; try again shortly.") from exc
+        if isinstance(exc, UpstreamConnectError):
+            raise BackendConnectError(backend, str(exc)) from exc
+
+
+def exhausted(exc: BackendError) -> GatewayError:
+    """What the client gets when the last attempt failed this way."""
+    if isinstance(exc, BackendOverloaded):
+        return UpstreamError(exc.status, exc.error, headers={"Retry-After": "1"})
+    if isinstance(exc, BackendTimeout):
+        return GatewayTimeout(f"The backend did not answer in time ({exc.backend}).")
+    if isinstance(exc, BackendConnectError):
+        return NoHealthyBackend("No backend could be reached; try again shortly.")
+    return BadGateway(f"The backend failed: {exc.detail or type(exc).__name__}")
+
+
+class Attempts:
+    def __init__(
+        self,
+        pool: Pool,
+        upstream: UpstreamPool,
+        routing: RoutingState,
+        recorder: Recorder,
+        accounting: Accounting,
+        deadlines: Deadlines,
+        *,
+        timeouts: Timeouts,
+        max_attempts: int,
+        clock: Callable[[], float],
+        rng: random.Random,
+        throughput: Callable[[str], float | None] | None,
+    ) -> None:
+        self._pool = pool
+        self._upstream = upstream
+        self._routing = routing
+        self._recorder = recorder
+        self._accounting = accounting
+        self._deadlines = deadlines
+        self._timeouts = timeouts
+        self._max_attempts = max_attempts
+        self._clock = clock
+        self._rng = rng
+        self._throughput = throughput
+
+    async def open(self, route: RouteState, ex: Exchange, candidates: list[str], *, shadow: bool = False) -> Opened:
+        """The first attempt that opens, or the GatewayError the client gets. `shadow` requests are
+        not counted in the client-facing routing metrics."""
+        attempts = 0
+        while True:
+            state = self._decide(route, ex, candidates, count=not shadow)
+            attempts += 1
+            try:
+                return await self._attempt(state, ex)
+            except BackendError as exc:
+                ex.error = exc
+                if not exc.retryable or attempts >= self._max_attempts:
+                    raise exhausted(exc) from exc
+                if not shadow:
+                    self._recorder.retry(state.name, state.runtime, type(exc).__name__)
+
+    def _decide(self, route: RouteState, ex: Exchange, candidates: list[str], *, count: bool) -> BackendState:
+        snapshot = self._routing.snapshot(self._pool.snapshot(candidates, self._throughput))
+        req = RouteRequest(route.config.model, next(route.seq), frozenset(ex.tried), ex.features)
+        decision = decide(route.policy, req, snapshot, self._rng)
+        if decision is None:
+            if ex.error is not None:
+                raise exhausted(ex.error)
+            raise NoHealthyBackend(f"No healthy backend for model `{route.config.model}`.")
+        if count:
+            self._recorder.decision(route.config.model, route.policy.name, decision.reason)
+        if decision.reject:
+            retry_after = max(1, math.ceil(decision.retry_after_s or 1.0))
+            raise SlaUnattainable(
+                "No backend is predicted to meet the requested latency target (x-sla-strict).",
+                retry_after_s=retry_after,
+            )
+        ex.decision = decision
+        ex.tried.add(decision.backend)
+        view = next(v for v in snapshot.backends if v.name == decision.backend)
+        ex.ticket = self._routing.dispatched(view, ex.features)
+        ex.last = self._pool[decision.backend]
+        return ex.last
+
+    async def _attempt(self, state: BackendState, ex: Exchange) -> Opened:
+        parsed = ex.parsed
+        assert parsed is not None
+        stream = parsed.request.stream
+        ex.upstream_id = new_request_id()  # the engine's request id is ours: never the client's
+        ex.engine_worked = False
+        resp: UpstreamResponse | None = None
+        state.in_flight += 1
+        ex.sent_at = self._clock()
+        try:
+            try:
+                upstream = state.adapter.build_request(parsed.request, model=state.config.model,
+                                                       request_id=ex.upstream_id)
+            except TranslationError as untranslatable:
+                raise InvalidRequest(str(untranslatable)) from untranslatable
+            deadline = self._deadlines.after(self._timeouts.first_token_s if stream else self._timeouts.total_s)
+            with map_client_errors(state.name), deadline:
+                resp = await self._upstream.request(
+                    state.base_url, "POST", upstream.path, upstream.headers, upstream.body
+                )
+                ex.engine_worked = resp.status < 400
+                if resp.status >= 400:
+                    self._upstream_error(state, resp.status, await resp.read())
+                first = await resp.readany() if stream else await resp.read()
+        except BaseException as failure:  # incl. cancellation: every dispatched ticket is closed once
+            if resp is not None:
+                resp.close()
+            state.in_flight -= 1
+            reached = not isinstance(failure, BackendConnectError | BackendOverloaded | GatewayError)
+            ex.engine_worked = ex.engine_worked or (reached and not isinstance(failure, BackendConnectError))
+            assert ex.ticket is not None
+            self._routing.failed(ex.ticket, reached_engine=reached)
+            ex.ticket = None
+            if isinstance(failure, BackendError):
+                log.info("request %s (upstream %s) failed on %s: %s", ex.request_id, ex.upstream_id, state.name,
+                         failure.detail or type(failure).__name__)
+                if failure.blames_backend:
+                    self._accounting.judge(self._pool, state, ok=False, detail=failure.detail or type(failure).__name__)
+            raise
+        if stream and ex.ticket is not None:
+            self._routing.first_token(ex.ticket, self._clock() - ex.sent_at)
+        return Opened(state, resp, first)
+
+    def _upstream_error(self, state: BackendState, status: int, body: bytes) -> None:
+        error = state.adapter.normalise_error(status, body)
+        if status in (429, 503):
+            raise BackendOverloaded(state.name, status, error)
+        if status >= 500:
+            self._accounting.judge(self._pool, state, ok=False, detail=f"status {status}")
+        raise UpstreamError(
+            status, error,
+            headers={"x-gateway-backend": state.name, "x-gateway-runtime": state.runtime},
+        )

@@ -1,0 +1,57 @@
+"""The entry every HTTP front calls for a generation request (`sink.Entry`): authenticate, rate-limit,
+parse once, serve on the current config generation, and record it exactly once in a `finally`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from backends.base import Endpoint
+
+from ..access.auth import Guard
+from ..errors import GatewayError
+from ..state.generations import Generations
+from .accounting import Accounting
+from .exchange import Exchange
+from .sink import ResponseSink
+
+
+class Dispatcher:
+    def __init__(
+        self, generations: Generations, guard: Guard, accounting: Accounting, *, clock: Callable[[], float]
+    ) -> None:
+        self._generations = generations
+        self._guard = guard
+        self._accounting = accounting
+        self._clock = clock
+
+    async def dispatch(
+        self, headers: Mapping[str, str], body: bytes, endpoint: Endpoint, sink: ResponseSink, request_id: str
+    ) -> None:
+        """Serve one generation request on the generation current when it arrived (held until its
+        response, stream included, is finished)."""
+        generation = self._generations.enter()
+        ex = Exchange(request_id, endpoint, self._clock())
+        try:
+            key = ex.key = self._guard.authenticate(headers)
+            if key is not None:
+                self._guard.limit(key)
+            generation.proxy.parse(ex, body, headers)
+            await generation.proxy.serve(ex, headers, sink)
+        except GatewayError as exc:
+            ex.status = str(exc.status)
+            raise
+        except (asyncio.CancelledError, ConnectionError):
+            stream = ex.stream
+            if not (stream is not None and stream.done and ex.status == "200"):  # gone after [DONE]: served
+                ex.status = "client_closed"
+            raise
+        except Exception:  # a bug: never recorded as the status the response had before it broke
+            ex.status = "stream_error" if ex.stream is not None and ex.status == "200" else "500"
+            raise
+        finally:
+            self._accounting.finish(ex)
+            self._generations.leave(generation)
+
+    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        self._accounting.finish(Exchange(request_id or "", endpoint, self._clock(), status=str(status)))

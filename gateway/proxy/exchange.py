@@ -1,0 +1,97 @@
+"""One client request's journey through the gateway: the mutable record every step fills in, and
+what the request's SLA outcome was. Accounting reads it once, at the end (`accounting.Accounting`)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from backends.base import Endpoint, Usage
+
+from ..errors import BackendError
+from ..observability.outcome import NONE, Gaps
+from ..routing import NO_FEATURES, Decision, RequestFeatures, SlaTarget
+from ..routing.state import Ticket
+from ..settings import ApiKey
+from ..state.pool import BackendState, Pool
+from .request import ParsedRequest
+from .sse import StreamStats
+
+_IDS = random.Random()  # seeded from os.urandom once; request ids need uniqueness, not secrecy
+
+
+def new_request_id() -> str:
+    """32 hex digits, like a uuid4 without the syscall that os.urandom costs on every request."""
+    return f"{_IDS.getrandbits(128):032x}"
+
+
+def request_id(client_value: str | None) -> str:
+    """The client's `x-request-id` when it is usable (printable, at most 128 characters: it is echoed
+    in headers and logged), else a new one. It is the client's: upstream, every attempt carries an id
+    of the gateway's own (`Exchange.upstream_id`), because engines key requests by that header."""
+    if client_value and len(client_value) <= 128 and client_value.isprintable():
+        return client_value
+    return new_request_id()
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Mutable per-request bookkeeping, threaded through parsing, routing, retries and relaying."""
+
+    request_id: str  # the client's (echoed back), or ours when it sent none
+    endpoint: Endpoint
+    started: float
+    # How it ended. Anything that does not set it explicitly ended in the gateway's own failure.
+    status: str = "500"
+    model: str = NONE  # the route's model once known (a metrics label, so never the raw client value)
+    key: ApiKey | None = None
+    parsed: ParsedRequest | None = None
+    features: RequestFeatures = NO_FEATURES
+    arm: str | None = None
+    tried: set[str] = field(default_factory=set)
+    last: BackendState | None = None  # the backend of the latest attempt
+    upstream_id: str = ""  # the id the latest attempt was sent upstream with
+    error: BackendError | None = None  # the latest failed attempt's error
+    decision: Decision | None = None
+    ticket: Ticket | None = None  # the routing ticket of the attempt that got a response
+    sent_at: float = 0.0
+    engine_worked: bool = False  # the latest attempt reached an engine that may have generated
+    usage: Usage | None = None  # the engine's usage (non-streaming responses)
+    stream: StreamStats | None = None  # what the SSE relay measured (streams)
+    # the backend's verdict on the response it opened (outlier detection): True served, False failed,
+    # None not the backend's doing (the client left, the gateway's own deadline)
+    verdict: bool | None = None
+    pool: Pool | None = None  # the pool of the config generation serving it
+    recorded: bool = False
+
+
+def sla_outcome(
+    target: SlaTarget | None,
+    *,
+    ok: bool,
+    ttft_s: float | None,
+    gaps: Gaps | None,
+    duration_s: float,
+    usage: Usage | None,
+) -> str | None:
+    """"met" or "missed" for a request that carried SLA targets, None otherwise.
+
+    TTFT is the gateway-measured first token of a stream; for a non-streaming request the whole
+    response is its first token, so its duration stands in. TPOT is the mean gap between streamed
+    tokens, or (duration - TTFT) / (tokens - 1) for non-streams, where TTFT is unknown and the check
+    is therefore done on the duration alone.
+    """
+    if target is None:
+        return None
+    if not ok:
+        return "missed"
+    if target.ttft_s is not None and (ttft_s if ttft_s is not None else duration_s) > target.ttft_s:
+        return "missed"
+    mean = gaps.mean_s if gaps is not None else None
+    if target.tpot_s is not None and mean is not None and mean > target.tpot_s:
+        return "missed"
+    if target.tpot_s is not None and mean is None and usage is not None and usage.completion_tokens > 1:
+        budget = (target.ttft_s or 0.0) + target.tpot_s * (usage.completion_tokens - 1)
+        if duration_s > budget:
+            return "missed"
+    return "met"

@@ -1,0 +1,127 @@
+"""Relay an opened backend response to the client: a whole body, or an SSE stream as it arrives.
+
+Nothing here records anything: the relay fills the request's `Exchange` (status, usage, what the
+stream measured, the backend's verdict) and accounting reads it once, at the end. Once a stream has
+started, a failure ends it with an OpenAI error event and `[DONE]`; it is never retried.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from backends.base import ErrorBody, UpstreamFormatError
+
+from ..errors import BackendError, BackendProtocolError, BackendTimeout, BadGateway
+from ..observability.outcome import NONE
+from ..settings import Timeouts
+from ..state.pool import BackendState
+from .attempts import Opened, map_client_errors
+from .deadlines import Deadlines
+from .exchange import Exchange
+from .sink import ResponseSink
+from .sse import DONE, SseFramingError, SseRelay, error_event
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+# error types a backend uses for the client's mistakes: an error event of these is not the backend failing
+_CLIENT_ERROR_TYPES = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
+
+
+class ClientGone(Exception):
+    """The client closed its connection while we were writing to it."""
+
+
+def response_headers(state: BackendState, ex: Exchange, content_type: str) -> dict[str, str]:
+    headers = {
+        "Content-Type": content_type,
+        "x-gateway-backend": state.name,
+        "x-gateway-runtime": state.runtime,
+        "x-gateway-route-reason": ex.decision.reason if ex.decision else NONE,
+        "x-request-id": ex.request_id,
+    }
+    if ex.arm is not None:
+        headers["x-gateway-arm"] = ex.arm
+    return headers
+
+
+class Relay:
+    def __init__(
+        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float], rng: random.Random
+    ) -> None:
+        self._deadlines = deadlines
+        self._timeouts = timeouts
+        self._clock = clock
+        self._rng = rng
+
+    def body(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
+        state, parsed = opened.state, ex.parsed
+        assert parsed is not None
+        try:
+            translated = state.adapter.translate_response(
+                parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=ex.request_id
+            )
+        except UpstreamFormatError as exc:
+            ex.status, ex.verdict = "502", False
+            raise BadGateway(f"The backend's response could not be read: {exc}") from exc
+        ex.usage = translated.usage
+        ex.status, ex.verdict = str(opened.resp.status), True
+        sink.send(opened.resp.status, response_headers(state, ex, "application/json"), translated.body)
+
+    async def stream(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
+        state, parsed = opened.state, ex.parsed
+        assert parsed is not None
+        translator = state.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
+        relay = SseRelay(
+            backend_model=parsed.model if translator is not None else state.config.model,
+            client_model=parsed.model,
+            include_usage=parsed.request.include_usage,
+            rng=self._rng,
+        )
+        ex.stream = relay.stats
+        clock = self._clock
+
+        def translate(data: bytes) -> bytes:
+            return relay.feed(translator.feed(data) if translator is not None else data, clock())
+
+        async def send(data: bytes) -> None:
+            if data:
+                try:
+                    await sink.write(data)
+                except ConnectionError as gone:
+                    raise ClientGone from gone
+
+        ex.status = "200"
+        try:
+            try:
+                # The response head leaves with the first events, in one write.
+                await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), translate(opened.first))
+                remaining = self._timeouts.total_s - (clock() - ex.started)
+                with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
+                    async for data in opened.resp:
+                        await send(translate(data))
+                tail = relay.feed(translator.close(), clock()) if translator is not None else b""
+                await send(tail + relay.close(clock()))
+                if relay.stats.error is not None:
+                    ex.status = "stream_error"
+                    ex.verdict = None if relay.stats.error.type in _CLIENT_ERROR_TYPES else False
+                elif not relay.stats.done:
+                    raise BackendProtocolError(state.name, "stream ended before [DONE]")
+                else:
+                    ex.verdict = True
+            except BackendTimeout:  # the gateway's total deadline, not the backend failing
+                ex.status = "stream_timeout"
+                await send(error_event(ErrorBody(
+                    message=f"The request exceeded the gateway's total time limit ({self._timeouts.total_s:g} s).",
+                    type="server_error", code="timeout")) + DONE)
+            except (BackendError, SseFramingError) as exc:
+                ex.status, ex.verdict = "stream_error", False
+                detail = exc.detail if isinstance(exc, BackendError) else str(exc)
+                await send(error_event(ErrorBody(
+                    message=f"The backend failed mid-stream ({detail}).", type="server_error",
+                    code="upstream_stream_error")) + DONE)
+            await sink.end()
+        except (ClientGone, ConnectionError):
+            if relay.stats.done and ex.status == "200":  # a client may hang up right after [DONE]: served
+                ex.verdict = True
+            else:
+                ex.status, ex.verdict = "client_closed", None

@@ -1,0 +1,76 @@
+"""Parse only what the gateway needs from an OpenAI request; everything else is forwarded untouched.
+
+Validation here is deliberately shallow: the backend validates sampling parameters itself and its
+error reaches the client normalised. We reject only what would make routing or accounting wrong,
+with the OpenAI error shape and a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.base import ClientRequest, Endpoint
+from backends.values import value
+
+from .. import json_codec
+from ..errors import InvalidRequest
+
+MAX_N = 128
+MAX_TOKENS = 10_000_000
+
+
+@value
+class ParsedRequest:
+    model: str
+    request: ClientRequest
+
+
+def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"'{name}' must be an integer, got {type(value).__name__}", param=name)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
+
+
+def parse_request(raw: bytes, endpoint: Endpoint, *, created: int = 0) -> ParsedRequest:
+    try:
+        body = json_codec.loads(raw)
+    except json_codec.JSONDecodeError as exc:
+        raise InvalidRequest(f"Request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("Request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    if endpoint is Endpoint.CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequest("'messages' is required and must be a non-empty array", param="messages")
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+                raise InvalidRequest(f"'messages.{i}' must be an object with a string 'role'", param="messages")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+            raise InvalidRequest("'prompt' is required and must be a string or an array", param="prompt")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    include_usage = bool(stream and options and options.get("include_usage"))
+    _int_field(body, "n", 1, MAX_N)
+    _int_field(body, "max_tokens", 1, MAX_TOKENS)
+    _int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
+    return ParsedRequest(
+        model=model,
+        request=ClientRequest(
+            endpoint=endpoint, body=body, stream=stream, include_usage=include_usage, created=created
+        ),
+    )

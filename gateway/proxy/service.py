@@ -1,0 +1,145 @@
+"""One config generation's request path: parse -> choose -> open (attempts) -> relay, plus shadows.
+
+Routing happens per attempt: `describe` the request once, pick the A/B arm once (sticky), then let
+the route's policy choose among the arm's backends over a fresh snapshot. The routing memory (prefix
+index, latency estimators) is told what was sent, when the first token came and what the engine
+reported, so the next decision knows more. Recording is not done here: the dispatcher's `finally`
+hands the request's Exchange to accounting once, whatever happened (`dispatch`, `accounting`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Mapping
+
+from ..client import UpstreamPool
+from ..errors import InvalidRequest, ModelNotFound, NoHealthyBackend
+from ..observability.metrics import Recorder
+from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
+from ..routing.features import api_key_digest
+from ..settings import Settings
+from ..state.pool import Pool
+from ..state.splits import Splits
+from .accounting import Accounting
+from .attempts import Attempts
+from .deadlines import Deadlines
+from .exchange import Exchange
+from .relay import Relay
+from .request import parse_request
+from .routes import RouteState
+from .shadow import Shadows
+from .sink import ResponseSink
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: Pool,
+        recorder: Recorder,
+        upstream: UpstreamPool,
+        accounting: Accounting,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random,
+        wall_clock: Callable[[], float] = time.time,
+        throughput: Callable[[str], float | None] | None = None,
+        routing: RoutingState | None = None,
+        splits: Splits | None = None,
+    ) -> None:
+        """`throughput(backend)` gives measured output tokens/s (for the cost policy); `routing` (the
+        routing memory) and `splits` (live A/B weights) are passed in so that they survive reloads."""
+        self.pool = pool
+        self._recorder = recorder
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._rng = rng
+        splits = splits if splits is not None else Splits()
+        self._routes = {
+            r.model: RouteState(r, POLICIES[r.policy], splits.for_route(r) if r.split is not None else None)
+            for r in settings.routes
+        }
+        self.routing = routing if routing is not None else RoutingState()
+        deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
+        self._attempts = Attempts(
+            pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,
+            max_attempts=settings.retries.max_attempts, clock=clock, rng=rng, throughput=throughput,
+        )
+        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock, rng=rng)
+        self.shadows = Shadows(self._attempts, recorder, self.routing, deadlines, timeouts=settings.timeouts,
+                               clock=clock, rng=rng)
+
+    @property
+    def route_models(self) -> list[str]:
+        return list(self._routes)
+
+    def weights(self, model: str) -> dict[str, float]:
+        """The live A/B weights of a split route (empty for other routes)."""
+        route = self._routes.get(model)
+        return route.split.weights if route is not None and route.split is not None else {}
+
+    def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
+        route = self._routes.get(model)
+        if route is None or route.split is None:
+            raise KeyError(model)
+        route.split.set_weights(weights)
+        return route.split.weights
+
+    def parse(self, ex: Exchange, body: bytes, headers: Mapping[str, str]) -> None:
+        """Parse the body (once), find its route and describe it for routing; raises 400/404."""
+        parsed = ex.parsed = parse_request(body, ex.endpoint, created=int(self._wall_clock()))
+        key = ex.key
+        allowed = None if key is None else key.models
+        if allowed is not None and parsed.model not in allowed:  # as if it did not exist: no leak
+            raise ModelNotFound(f"The model `{parsed.model}` does not exist.", param="model")
+        if parsed.model not in self._routes:
+            visible = [m for m in self._routes if allowed is None or m in allowed]
+            raise ModelNotFound(
+                f"The model `{parsed.model}` does not exist. Available models: {', '.join(visible)}.", param="model"
+            )
+        ex.model = parsed.model
+        try:
+            ex.features = describe(parsed.request.body, ex.endpoint, headers)
+        except BadRoutingHeader as bad:
+            raise InvalidRequest(str(bad), param=bad.header) from bad
+
+    async def serve(self, ex: Exchange, headers: Mapping[str, str], sink: ResponseSink) -> None:
+        """Serve a parsed request; the response goes to `sink`. GatewayErrors raised mean nothing was
+        sent: the front renders them."""
+        assert ex.parsed is not None
+        ex.pool = self.pool
+        route = self._routes[ex.model]
+        opened = await self._attempts.open(route, ex, self._candidates(route, ex, headers))
+        try:
+            self.shadows.maybe(route, ex)
+            if ex.parsed.request.stream:
+                await self._relay.stream(sink, opened, ex)
+            else:
+                self._relay.body(sink, opened, ex)
+        finally:
+            opened.resp.close()
+            opened.state.in_flight -= 1
+
+    def _candidates(self, route: RouteState, ex: Exchange, headers: Mapping[str, str]) -> list[str]:
+        """The backends this request may use: the route's, or its A/B arm's (chosen once)."""
+        split = route.split
+        if split is None:
+            return route.config.candidates
+        sticky = ex.features.sticky_key
+        if sticky is None and split.sticky == "api_key":
+            digest = ex.key.id if ex.key is not None else api_key_digest(headers)
+            sticky = "k:" + digest if digest else None
+        healthy = {s.name for s in self.pool if s.healthy}
+        choice = split.choose(sticky, healthy, self._rng)
+        if choice is None:
+            raise NoHealthyBackend(f"No arm of `{route.config.model}` has a healthy backend.")
+        ex.arm = choice.arm
+        self._recorder.arm_assigned(route.config.model, choice.arm, failed_over_from=(
+            choice.preferred if choice.failed_over else None))
+        return list(split.arm(choice.arm).backends)
+
+    async def close(self) -> None:
+        await self.shadows.close()
+

@@ -1,0 +1,227 @@
+"""Relays an OpenAI SSE stream, measuring it on the way, at a few byte operations per read.
+
+Every complete event is forwarded as soon as its terminating blank line arrives; only a partial event
+is held back (at most `MAX_EVENT_BYTES`, else the stream is broken). On the way we take the time to
+the first token and the inter-token gaps, keep the usage chunk (which the gateway always asks for)
+and drop it again if the client did not ask for it, rewrite the backend's model name to the one the
+client used, and normalise error events to OpenAI's nested shape.
+
+Why it is cheap: a stream's ordinary token events all begin with the same bytes (id, object, created,
+model, `"choices":[{"index":0,"delta":{"content":"`), so once the first token event has been parsed
+that prefix is known, and a read holding one such event with non-empty text is recognised with three
+byte comparisons, no JSON. Everything else (the role chunk, finish and usage chunks, errors,
+`[DONE]`, several choices, other runtimes' shapes) takes the general path, which parses the event.
+
+Framing follows the SSE standard: lines end with CRLF, LF or CR. A stream whose first line end holds a
+CR is normalised to LF for its whole length (the runtimes we know send LF). `data:[DONE]` without the
+space is accepted.
+
+Timing is per token event, not per socket read: k tokens arriving in one read after an interval T
+share it, k gaps of T / k, so engines that flush several tokens at once do not bias ITL low.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from backends.base import ErrorBody, Usage
+from backends.openai_compat import parse_usage
+
+from .. import json_codec
+from ..observability.outcome import Gaps
+
+DONE = b"data: [DONE]\n\n"
+MAX_EVENT_BYTES = 1024 * 1024  # a partial event larger than this is not an SSE stream we can relay
+_DATA = b"data:"
+_TEXT_KEYS = (b'"content":"', b'"text":"')  # where an ordinary chunk's generated text starts
+
+
+class SseFramingError(Exception):
+    """The upstream's stream cannot be relayed (an event beyond `MAX_EVENT_BYTES`)."""
+
+
+def error_event(error: ErrorBody) -> bytes:
+    return b"data: " + json_codec.dumps(error.as_dict()) + b"\n\n"
+
+
+def normalise_stream_error(payload: Any) -> ErrorBody:
+    """An error event from any runtime (nested, flat inside `error`, a bare string, or vLLM's
+    `{"object": "error", "message": ...}`)."""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if err is None and isinstance(payload, dict) and payload.get("object") == "error":
+        err = payload
+    if isinstance(err, dict):
+        code = err.get("code")
+        return ErrorBody(
+            message=str(err.get("message") or "An error occurred during streaming"),
+            type=str(err.get("type") or "server_error"),
+            param=err.get("param") if isinstance(err.get("param"), str) else None,
+            code=code if isinstance(code, str | int) else None,
+        )
+    return ErrorBody(message=str(err or "An error occurred during streaming"), type="server_error")
+
+
+def _has_text(choice: object) -> bool:
+    """Whether a streamed choice carries generated output (text, reasoning or a tool call)."""
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                    or delta.get("tool_calls"))
+    return bool(choice.get("text"))
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What the relay measured; times are clock readings (seconds)."""
+
+    gaps: Gaps
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    tokens: int = 0  # events that carried generated output: the completion estimate without usage
+    usage: Usage | None = None
+    error: ErrorBody | None = None
+    done: bool = False
+
+
+class SseRelay:
+    def __init__(
+        self, *, backend_model: str, client_model: str, include_usage: bool, rng: random.Random | None = None
+    ) -> None:
+        self._buf = b""
+        self._cr: bool | None = None  # the stream uses CR line ends (decided on its first bytes)
+        self._held_cr = False  # a CR ended the last read: it may be the first half of a CRLF
+        self._include_usage = include_usage
+        self._prefix: bytes | None = None  # how this stream's ordinary token events begin
+        self._swap: tuple[bytes, bytes] | None = None
+        if backend_model != client_model:
+            self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
+        self.stats = StreamStats(Gaps(rng if rng is not None else random.Random()))
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """The complete events of `buffered + data`, as the client gets them."""
+        if self._cr is None:  # decided by the first line end the stream sends
+            if b"\r" in data:
+                self._cr = True
+            elif b"\n" in data:
+                self._cr = False
+        if self._cr:
+            data = self._lf(data)
+        prefix = self._prefix
+        if (prefix is not None and not self._buf and data.startswith(prefix) and len(data) > len(prefix) + 2
+                and data[len(prefix)] != 34 and data.find(b"\n\n") == len(data) - 2):
+            self._tokens(1, now)  # the common read: one ordinary token event, nothing else
+            swap = self._swap
+            return data.replace(swap[0], swap[1], 1) if swap is not None else data
+        buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._keep(buf)
+            return b""
+        self._keep(buf[end + 2:])
+        out: list[bytes] = []
+        tokens = 0
+        for event in buf[:end].split(b"\n\n"):
+            if not event:
+                continue
+            if (prefix is not None and event.startswith(prefix) and len(event) > len(prefix)
+                    and event[len(prefix)] != 34):
+                tokens += 1
+                out.append(event)
+                continue
+            kept, is_token = self._event(event)
+            if is_token:
+                tokens += 1
+                prefix = self._prefix
+            if kept is not None:
+                out.append(kept)
+        if tokens:
+            self._tokens(tokens, now)
+        if not out:
+            return b""
+        out.append(b"")
+        joined = b"\n\n".join(out)
+        swap = self._swap
+        return joined.replace(swap[0], swap[1]) if swap is not None else joined
+
+    def close(self, now: float) -> bytes:
+        """The end of the upstream stream: a last event that lacked its blank line is still relayed."""
+        rest, self._buf = self._buf, b""
+        if self._held_cr:
+            self._held_cr = False
+        if not rest.strip():
+            return b""
+        return self.feed(rest + b"\n\n", now)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _keep(self, rest: bytes) -> None:
+        if len(rest) > MAX_EVENT_BYTES:
+            raise SseFramingError(f"an SSE event longer than {MAX_EVENT_BYTES} bytes")
+        self._buf = rest
+
+    def _lf(self, data: bytes) -> bytes:
+        """CRLF and CR line ends as LF; a trailing CR waits for the next read (it may start a CRLF)."""
+        if self._held_cr:
+            data = b"\r" + data
+            self._held_cr = False
+        if data.endswith(b"\r"):
+            data = data[:-1]
+            self._held_cr = True
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+    def _tokens(self, k: int, now: float) -> None:
+        stats = self.stats
+        last = stats.last_token_at
+        if last is None:
+            stats.first_token_at = now
+            if k > 1:
+                stats.gaps.add(0.0, k - 1)
+        else:
+            stats.gaps.add((now - last) / k, k)
+        stats.last_token_at = now
+        stats.tokens += k
+
+    def _event(self, event: bytes) -> tuple[bytes | None, bool]:
+        """One event off the fast path: (what to forward, or None; whether it carried output)."""
+        stats = self.stats
+        if not event.startswith(_DATA):
+            return event, False  # an SSE comment, or a field we do not interpret: pass it through
+        body = event[5:].strip()
+        if body == b"[DONE]":
+            stats.done = True
+            return DONE[:-2], False
+        try:
+            payload = json_codec.loads(body)
+        except json_codec.JSONDecodeError:
+            if body.startswith(b'{"error"'):
+                stats.error = normalise_stream_error({"error": body.decode("utf-8", "replace")})
+                return error_event(stats.error)[:-2], False
+            return event, False
+        if not isinstance(payload, dict):
+            return event, False
+        if "error" in payload or payload.get("object") == "error":
+            stats.error = normalise_stream_error(payload)
+            return error_event(stats.error)[:-2], False
+        usage = parse_usage(payload)
+        if usage is not None:
+            stats.usage = usage
+        choices = payload.get("choices")
+        if not choices:
+            # the usage-only chunk is not output: it reaches the client only if the client asked
+            return (event if self._include_usage or usage is None else None), False
+        has_text = isinstance(choices, list) and any(_has_text(c) for c in choices)
+        if has_text and self._prefix is None and len(choices) == 1:
+            self._learn(event)
+        return event, has_text
+
+    def _learn(self, event: bytes) -> None:
+        """Remember how this stream's ordinary token events begin: up to where the text starts."""
+        for key in _TEXT_KEYS:
+            at = event.find(key)
+            if at > 0:
+                self._prefix = event[: at + len(key)]
+                return

@@ -1,0 +1,2 @@
+"""Backend state and its lifecycle: the pool (health, outlier ejection, in-flight), health and load
+polling, config generations and reload, live A/B split weights. May import routing/ and client/."""

@@ -1,0 +1,79 @@
+"""Periodic readiness probes and load scrapes, one task for the whole pool.
+
+Each round probes every backend's readiness and scrapes its load concurrently, then sleeps. The
+clock and sleep are injected; a round can also be run directly (`poll_once`) by tests and at startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+from backends.base import LoadParseError
+
+from .pool import BackendState, Pool
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class HealthPoller:
+    def __init__(
+        self,
+        pool: Pool,
+        session: aiohttp.ClientSession,
+        *,
+        interval_s: float,
+        clock: Clock,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._pool = pool
+        self._session = session
+        self._interval_s = interval_s
+        self._clock = clock
+        self._sleep = sleep
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll(s) for s in self._pool))
+
+    async def run(self) -> None:
+        while True:
+            await self._sleep(self._interval_s)
+            await self.poll_once()
+
+    async def _poll(self, state: BackendState) -> None:
+        await asyncio.gather(self._probe(state), self._scrape(state))
+
+    async def _probe(self, state: BackendState) -> None:
+        probe = state.adapter.readiness
+        url = state.config.base_url + probe.path
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=probe.timeout_s)) as resp:
+                await resp.read()
+                ok = resp.status in probe.ok
+                error = None if ok else f"readiness probe answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, error = False, f"readiness probe failed: {type(exc).__name__}"
+        was_healthy = state.healthy
+        self._pool.record_probe(state.name, ok, self._clock(), error)
+        if was_healthy != state.healthy:
+            log.info("backend %s is now %s", state.name, "healthy" if state.healthy else f"unhealthy ({error})")
+
+    async def _scrape(self, state: BackendState) -> None:
+        base = str(state.config.metrics_url).rstrip("/") if state.config.metrics_url else state.config.base_url
+        url = base + state.adapter.load_path
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                if resp.status != 200:
+                    return
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        with contextlib.suppress(LoadParseError):
+            self._pool.record_load(state.name, state.adapter.parse_load(body, state.load), self._clock())
