@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native pure run check test test-fast test-pure real-env system-deps prometheus bench clean
+.PHONY: install native pure run check test test-fast test-pure test-container real-env system-deps container-deps prometheus bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,12 +61,21 @@ system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, ng
 prometheus:  ## real prometheus + promtool for tests/prometheus (Debian's package, unpacked into ~/.cache/igw; no service)
 	@bash scripts/prometheus/fetch.sh >/dev/null
 
+# The container tier builds and runs the image with podman (no Docker engine here): podman with the
+# runc runtime, and debootstrap for the base image (no image registry is reachable; see
+# scripts/container/base_image.sh). The lock timeout waits for another apt-get instead of failing.
+container-deps:  ## podman, runc, buildah and debootstrap for the container tier (Debian); needs root
+	@if ! command -v podman >/dev/null || [ ! -x /usr/sbin/runc ] || ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq podman runc buildah debootstrap >/dev/null; \
+		else echo "install podman, runc, buildah and debootstrap (apt-get, as root) for the container tier"; exit 1; fi; fi
+
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
-test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, unit, integration, emulator, Prometheus and real-vLLM tiers
+test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, unit, integration, emulator, Prometheus, real-vLLM and container tiers
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-pure
+	$(MAKE) --no-print-directory test-container
 
 # The tiers above run the compiled build; this runs the unit tier once more on a copy of the
 # sources without it (what runs where there is no C compiler).
@@ -76,8 +85,13 @@ test-pure: install  ## the unit tier against the pure-Python sources
 	find build/pure -name '*.so' -delete
 	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 
-test-fast: install prometheus  ## the tiers without real vLLM
-	$(VENV)/bin/pytest -m "not real"
+test-fast: install prometheus  ## the tiers without real vLLM and without the container build
+	$(VENV)/bin/pytest -m "not real and not container"
+
+# Builds the image from this checkout (uncached about 5-7 min: debootstrap, pip, mypyc; cached seconds)
+# and runs it; the commands are the ones deploy/README.md shows.
+test-container: install container-deps  ## the container tier: build the image with podman, run it, query it with the SDK
+	$(VENV)/bin/pytest -m container tests/container
 
 bench: install
 	$(PY) -m bench overhead --quick
