@@ -19,7 +19,7 @@ from backends.emulator.driver import EngineDriver, Handle, SubRequest
 from backends.emulator.engine import Finished, Snapshot, StepResult, TokenEvent
 from backends.emulator.faults import FaultGate
 from backends.emulator.profiles import EngineParams, Profile
-from backends.emulator.textgen import OutputPlan, plan_output
+from backends.emulator.textgen import OutputPlan, plan_output, plan_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +130,12 @@ class FaceContext:
     def snapshot(self) -> Snapshot:
         return self.driver.engine.snapshot()
 
-    def plans(self, n: int, *, max_tokens: int | None, stop: Sequence[str] = ()) -> list[OutputPlan]:
+    def plans(
+        self, n: int, *, max_tokens: int | None, stop: Sequence[str] = (), text: str | None = None
+    ) -> list[OutputPlan]:
+        """What each of `n` choices will say: free text, or exactly `text` (a constrained output)."""
+        if text is not None:
+            return [plan_text(text, max_tokens=max_tokens) for _ in range(n)]
         return [
             plan_output(self.rng, max_tokens=max_tokens, default_tokens=self.profile.default_output_tokens, stop=stop)
             for _ in range(n)

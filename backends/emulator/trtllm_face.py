@@ -27,6 +27,7 @@ from backends.emulator.openai_common import (
     python_runtime_app,
     stream_tokens,
 )
+from backends.emulator.structured import ShapeError, ToolCallLayout, ToolCallStream, hermes_layout
 from backends.emulator.trtllm_metrics import TrtllmMetrics
 
 VERSION = "1.2.0"
@@ -82,6 +83,8 @@ def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
         req = build_request(body, chat=chat, default_max_tokens=16)
     except FieldError as exc:
         raise _pydantic(model_name, exc.field, exc.msg, exc.kind, exc.value) from None
+    except ShapeError as exc:
+        raise _flat(str(exc), "BadRequestError", 400) from None
     opts = body.get("stream_options")
     if isinstance(opts, dict):
         include = bool(opts.get("include_usage", True))
@@ -125,11 +128,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
     model = str(req.body.get("model") or ctx.model)
     room = ctx.config.max_model_len - len(req.prompt)
     max_tokens = req.max_tokens if req.max_tokens is not None or ctx.profile.default_output_tokens <= room else room
-    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop)
+    layout = hermes_layout(req.shape.tool.name, req.shape.json_text()) if req.shape.tool is not None else None
+    text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
+    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
     gen = ctx.start(req.prompt, plans)
     try:
         if req.stream:
-            return await _stream(ctx, request, req, gen, model)
+            return await _stream(ctx, request, req, gen, model, layout)
         texts: list[list[str]] = [[] for _ in plans]
         try:
             async for tok in stream_tokens(ctx, request, gen):
@@ -138,13 +143,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return web.Response(status=500)
         choices: list[dict[str, Any]] = []
         for i, plan in enumerate(plans):
-            text = "".join(texts[i])
+            out = "".join(texts[i])
             c: dict[str, Any] = {"index": i}
-            if chat:
-                c["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
+            finish = plan.finish_reason
+            if chat and layout is not None and layout.complete(len(out)):
+                call = {"id": f"chatcmpl-tool-{ctx.hex_id(32)}", "type": "function",
+                        "function": {"name": layout.name, "arguments": layout.arguments}}
+                c["message"] = {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [call]}
+                finish = "tool_calls"
+            elif chat:
+                c["message"] = {"role": "assistant", "content": out, "reasoning_content": None, "tool_calls": []}
             else:
-                c["text"] = text
-            c.update(logprobs=None, finish_reason=plan.finish_reason, stop_reason=plan.stop_reason,
+                c["text"] = out
+            c.update(logprobs=None, finish_reason=finish, stop_reason=plan.stop_reason,
                      disaggregated_params=None, avg_decoded_tokens_per_iter=1.0)
             choices.append(c)
         prefix = "chatcmpl-" if chat else "cmpl-"
@@ -157,7 +168,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, model: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, model: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     rid = ("chatcmpl-" if req.chat else "cmpl-") + str(ctx.next_int())
     head = {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
@@ -170,8 +182,18 @@ async def _stream(
                 first = {**head, "choices": [{"index": i, "delta": {"role": "assistant"}}]}
                 # trtllm-serve writes its first chunk with a space before the blank line.
                 await resp.write(b"data: " + orjson.dumps(first) + (b" \n\n" if i == 0 else b"\n\n"))
+        trackers: dict[int, ToolCallStream] = {}
         async for tok in stream_tokens(ctx, request, gen, on_error_event=_error_event, resp=resp):
             counts[tok.choice] += 1
+            if layout is not None and req.chat:
+                tracker = trackers.setdefault(tok.choice, ToolCallStream(layout))
+                for delta in _tool_deltas(ctx, tracker, tok.piece):
+                    await resp.write(event({**head, "choices": [{"index": tok.choice, "delta": delta}]}))
+                if tok.finished is not None:
+                    finish = "tool_calls" if tracker.complete else gen.plans[tok.choice].finish_reason
+                    end = {"index": tok.choice, "delta": {}, "finish_reason": finish}
+                    await resp.write(event({**head, "choices": [end]}))
+                continue
             choice: dict[str, Any] = {"index": tok.choice}
             if req.chat:
                 choice["delta"] = {"content": tok.piece, "reasoning_content": ""}
@@ -191,6 +213,19 @@ async def _stream(
     except (Died, ConnectionResetError):
         pass
     return resp
+
+
+def _tool_deltas(ctx: FaceContext, tracker: ToolCallStream, piece: str) -> list[dict[str, Any]]:
+    """trtllm-serve's DeltaToolCall deltas, serialised with exclude_none (estimated, not captured)."""
+    name_now, fragment = tracker.feed(piece)
+    deltas: list[dict[str, Any]] = []
+    if name_now:
+        first = {"id": f"chatcmpl-tool-{ctx.hex_id(32)}", "type": "function", "index": 0,
+                 "function": {"name": tracker.layout.name}}
+        deltas.append({"tool_calls": [first]})
+    if fragment:
+        deltas.append({"tool_calls": [{"type": "function", "index": 0, "function": {"arguments": fragment}}]})
+    return deltas
 
 
 def _error_event() -> bytes:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from backends.emulator import tokenizer
 from backends.emulator import vllm_render as R
-from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, tokenize_prompt
+from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, Token, tokenize_prompt
 from backends.emulator.exposition import render_text_latest
 from backends.emulator.openai_common import (
     DONE,
@@ -26,6 +26,8 @@ from backends.emulator.openai_common import (
     python_runtime_app,
     stream_tokens,
 )
+from backends.emulator.structured import ShapeError, ToolCallLayout, ToolCallStream, hermes_layout
+from backends.emulator.textgen import OutputPlan
 from backends.emulator.vllm_metrics import VllmMetrics
 
 METRICS_KEY = web.AppKey("vllm_metrics", VllmMetrics)
@@ -74,6 +76,8 @@ def _validate(ctx: FaceContext, request: web.Request, raw: bytes, *, chat: bool)
         req = build_request(body, chat=chat, default_max_tokens=16)
     except FieldError as exc:
         raise _Reject(400, R.validation_error(exc.kind, f"body.{exc.field}", exc.msg, exc.value)) from None
+    except ShapeError as exc:
+        raise _bad(str(exc), exc.param) from None
     if req.max_tokens is not None and req.max_tokens < 1:
         raise _bad(f"max_tokens must be at least 1, got {req.max_tokens}.", "max_tokens")
     limit = ctx.config.max_model_len
@@ -121,17 +125,27 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if max_tokens is None and ctx.profile.default_output_tokens > room:
         max_tokens = room
     max_tokens = None if max_tokens is None else max(1, min(max_tokens, room))
-    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop)
+    layout = hermes_layout(req.shape.tool.name, req.shape.json_text()) if req.shape.tool is not None else None
+    text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
+    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
     metrics.on_request(n=req.n, max_tokens=max_tokens if max_tokens is not None else room)
     header_id = request.headers.get("X-Request-Id")
     rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or ctx.hex_id(16))
     gen = ctx.start(req.prompt, plans)
     try:
         if req.stream:
-            return await _stream(ctx, request, req, gen, rid)
-        return await _complete(ctx, request, req, gen, rid)
+            return await _stream(ctx, request, req, gen, rid, layout)
+        return await _complete(ctx, request, req, gen, rid, layout)
     finally:
         gen.abort()
+
+
+def _finish(req: ChatRequest, plan: OutputPlan, layout: ToolCallLayout | None) -> str:
+    """vLLM's finish reason: a complete forced call ends with "tool_calls" ("required") or "stop"
+    (a named function), as in the captures."""
+    if layout is not None and plan.finish_reason == "stop":
+        return "stop" if req.shape.named else "tool_calls"
+    return plan.finish_reason
 
 
 def _fingerprint(ctx: FaceContext) -> str:
@@ -146,7 +160,8 @@ def _created_cache(ctx: FaceContext, req: ChatRequest, cached: int) -> int | Non
 
 
 async def _complete(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     texts: list[list[str]] = [[] for _ in range(req.n)]
     try:
@@ -158,8 +173,14 @@ async def _complete(
     for i, plan in enumerate(gen.plans):
         lp = R.logprobs_content(ctx.rng, texts[i], req.top_logprobs) if req.logprobs else None
         text = "".join(texts[i])
-        make = R.chat_choice if req.chat else R.completion_choice
-        choices.append(make(i, text, plan.finish_reason, plan.stop_reason, lp))
+        if not req.chat:
+            choices.append(R.completion_choice(i, text, plan.finish_reason, plan.stop_reason, lp))
+            continue
+        # A call cut short by max_tokens is not parsed: vLLM returns the raw text as content.
+        calls = None
+        if layout is not None and layout.complete(len(text)):
+            calls = [R.tool_call(f"chatcmpl-tool-{ctx.hex_id(16)}", layout.name, layout.arguments)]
+        choices.append(R.chat_choice(i, text, _finish(req, plan, layout), plan.stop_reason, lp, calls))
     completion = sum(len(t) for t in texts)
     created = _created_cache(ctx, req, gen.cached_tokens)
     use = R.usage(len(req.prompt), completion, gen.cached_tokens, created, full=True)
@@ -182,13 +203,15 @@ def _orca_header(ctx: FaceContext, fmt: str) -> str | None:
 
 
 async def _stream(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     obj = "chat.completion.chunk" if req.chat else "text_completion"
     head = {"id": rid, "object": obj, "created": ctx.created, "model": ctx.model}
     counts = [0] * req.n
     prompt = len(req.prompt)
     resp: web.StreamResponse | None = None
+    trackers: dict[int, ToolCallStream] = {}
 
     def mid_stream_error() -> bytes:
         # vLLM writes this one event with json.dumps (spaces after separators).
@@ -211,6 +234,10 @@ async def _stream(
                     await resp.write(event(first))
             started = True
             counts[tok.choice] += 1
+            if layout is not None and req.chat:
+                await _tool_chunks(ctx, resp, req, head, trackers.setdefault(tok.choice, ToolCallStream(layout)),
+                                   tok, gen.plans[tok.choice], layout)
+                continue
             lp = R.logprobs_content(ctx.rng, [tok.piece], req.top_logprobs) if req.logprobs else None
             fin = tok.finished
             plan = gen.plans[tok.choice]
@@ -241,6 +268,31 @@ async def _stream(
     except (Died, ConnectionResetError):
         pass
     return resp if resp is not None else web.Response(status=500)
+
+
+async def _tool_chunks(
+    ctx: FaceContext, resp: web.StreamResponse, req: ChatRequest, head: dict[str, Any], tracker: ToolCallStream,
+    tok: Token, plan: OutputPlan, layout: ToolCallLayout,
+) -> None:
+    """vLLM's streamed tool call (captured: chat_tool_*_stream.txt): a delta with id and name once the
+    parser knows the function, one delta per arguments fragment, nothing for the wrapper, then a
+    separate empty-delta chunk with the finish reason."""
+    name_now, fragment = tracker.feed(tok.piece)
+    deltas = []
+    if name_now:
+        deltas.append(R.tool_name_delta(f"chatcmpl-tool-{ctx.hex_id(16)}", layout.name))
+    if fragment:
+        deltas.append(R.tool_args_delta(fragment))
+    for delta in deltas:
+        choice = {"index": tok.choice, "delta": delta, "logprobs": None, "finish_reason": None, "token_ids": None}
+        await resp.write(event({**head, "choices": [choice]}))
+    if tok.finished is not None:
+        final: dict[str, Any] = {"index": tok.choice, "delta": {}, "logprobs": None,
+                                 "finish_reason": _finish(req, plan, layout), "stop_reason": None, "token_ids": None}
+        chunk: dict[str, Any] = {**head, "choices": [final]}
+        if not req.include_usage:
+            chunk["system_fingerprint"] = _fingerprint(ctx)
+        await resp.write(event(chunk))
 
 
 async def health(request: web.Request) -> web.Response:

@@ -12,7 +12,10 @@ import pytest
 from backends.base import Runtime
 from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emulator
 
-CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures" / "vllm-0.32.0-cpu"
+# The shared captures live beside the checkout (/work/shared for /work/main); a worktree one level
+# deeper (/work/wt/<name>) finds them one directory further up.
+_SHARED = [p / "shared" / "captures" / "vllm-0.32.0-cpu" for p in Path(__file__).resolve().parents[3:5]]
+CAPTURES = next((p for p in _SHARED if p.is_dir()), _SHARED[0])
 FAST = 50.0  # speed factor: simulated seconds per wall second
 
 MakeEmulator = Callable[..., Awaitable[RunningEmulator]]
