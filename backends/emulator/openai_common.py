@@ -3,6 +3,7 @@ request, body decoding, SSE framing and the disconnect-safe token loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -168,6 +169,23 @@ async def stream_tokens(
             yield tok
     finally:
         gen.abort()
+
+
+async def run_pooling(ctx: FaceContext, request: web.Request, prompts: list[list[int]]) -> None:
+    """An embeddings request: every input is one engine request (a prefill and one pooled output),
+    run concurrently through the same scheduler as generation, so queueing, the prefix cache and
+    timing apply. Raises `Died` for the mid-stream faults; aborts what is left on any exit."""
+    gens = [ctx.start(p, ctx.plans(1, max_tokens=1)) for p in prompts]
+
+    async def drain(gen: Generation) -> None:
+        async for _ in stream_tokens(ctx, request, gen):
+            pass
+
+    try:
+        await asyncio.gather(*(drain(g) for g in gens))
+    finally:
+        for g in gens:
+            g.abort()
 
 
 @web.middleware

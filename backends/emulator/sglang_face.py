@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from backends.emulator import sglang_aux
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.openai_common import (
     DONE,
@@ -25,7 +26,7 @@ from backends.emulator.openai_common import (
     python_runtime_app,
     stream_tokens,
 )
-from backends.emulator.sglang_common import METRICS_KEY, Reject, admit, matched
+from backends.emulator.sglang_common import METRICS_KEY, NOT_GENERATION, Reject, admit, matched
 from backends.emulator.sglang_metrics import SglangMetrics
 from backends.emulator.sglang_native import (
     flush_cache,
@@ -84,6 +85,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         req = _validate(ctx, await request.read(), chat=chat)
     except Reject as rej:
         return json_response(rej.body(), rej.status)
+    if ctx.config.embedding_dim is not None:
+        return json_response(Reject(400, NOT_GENERATION, "BadRequest").body(), 400)
     try:
         admit(ctx)
     except Reject as rej:
@@ -242,4 +245,5 @@ def build_app(ctx: FaceContext, metrics: SglangMetrics) -> web.Application:
     app.router.add_get("/flush_cache", flush_cache)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/metrics", metrics_endpoint)
+    sglang_aux.add_routes(app)
     return app

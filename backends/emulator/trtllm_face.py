@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from backends.emulator import trtllm_aux
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.exposition import render
 from backends.emulator.openai_common import (
@@ -28,10 +29,9 @@ from backends.emulator.openai_common import (
     stream_tokens,
 )
 from backends.emulator.structured import ShapeError, ToolCallLayout, ToolCallStream, hermes_layout
+from backends.emulator.trtllm_common import METRICS_KEY, VERSION, Reject, admit, flat, pydantic
 from backends.emulator.trtllm_metrics import TrtllmMetrics
 
-VERSION = "1.2.0"
-METRICS_KEY = web.AppKey("trtllm_metrics", TrtllmMetrics)
 _COMMON = {
     "model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty", "seed", "stop",
     "stream", "stream_options", "temperature", "top_p", "user", "top_k", "top_p_min", "min_p", "repetition_penalty",
@@ -47,44 +47,28 @@ CHAT_FIELDS = _COMMON | {
 COMPLETION_FIELDS = _COMMON | {"prompt", "suffix"}
 
 
-class _Reject(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status, self.body = status, body
-
-
-def _flat(message: str, err_type: str, code: int) -> _Reject:
-    return _Reject(code, {"object": "error", "message": message, "type": err_type, "param": None, "code": code})
-
-
-def _pydantic(model: str, loc: str, msg: str, kind: str, value: Any) -> _Reject:
-    text = (f"1 validation error for {model}\n{loc}\n  {msg} [type={kind}, input_value={value!r}, "
-            f"input_type={type(value).__name__}]\n    For further information visit "
-            f"https://errors.pydantic.dev/2.11/v/{kind}")
-    return _Reject(400, {"error": text})
-
-
 def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
     model_name = "ChatCompletionRequest" if chat else "CompletionRequest"
     try:
         body = parse_body(raw)
     except BodyError as exc:
-        raise _Reject(400, {"error": f"JSON decode error: {exc}"}) from None
+        raise Reject(400, {"error": f"JSON decode error: {exc}"}) from None
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
     for key in body:
         if key not in allowed:
-            raise _pydantic(model_name, key, "Extra inputs are not permitted", "extra_forbidden", body[key])
+            raise pydantic(model_name, key, "Extra inputs are not permitted", "extra_forbidden", body[key])
     required = "messages" if chat else "prompt"
     if required not in body:
-        raise _pydantic(model_name, required, "Field required", "missing", body)
+        raise pydantic(model_name, required, "Field required", "missing", body)
     if body.get("stream_options") is not None and not body.get("stream"):
-        raise _pydantic(model_name, "", "Value error, stream_options can only be set if stream is true",
+        raise pydantic(model_name, "", "Value error, stream_options can only be set if stream is true",
                         "value_error", body)
     try:
         req = build_request(body, chat=chat, default_max_tokens=16)
     except FieldError as exc:
-        raise _pydantic(model_name, exc.field, exc.msg, exc.kind, exc.value) from None
+        raise pydantic(model_name, exc.field, exc.msg, exc.kind, exc.value) from None
     except ShapeError as exc:
-        raise _flat(str(exc), "BadRequestError", 400) from None
+        raise flat(str(exc), "BadRequestError", 400) from None
     opts = body.get("stream_options")
     if isinstance(opts, dict):
         include = bool(opts.get("include_usage", True))
@@ -92,23 +76,9 @@ def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
                              "continuous_usage": include and bool(opts.get("continuous_usage_stats", False))})
     limit = ctx.config.max_model_len
     if len(req.prompt) > limit:
-        raise _flat(f"The sum of prompt length ({len(req.prompt)}) and query length (0) should not exceed "
+        raise flat(f"The sum of prompt length ({len(req.prompt)}) and query length (0) should not exceed "
                     f"max_num_tokens ({limit})", "BadRequestError", 400)
     return req
-
-
-def _admit(ctx: FaceContext) -> None:
-    if not ctx.gate.ready():
-        ctx.stats.rejected_not_ready += 1
-        raise _flat("LLM is unavailable. Please check the server logs for more details.", "ServiceUnavailableError",
-                    503)
-    status = ctx.gate.injected_failure()
-    if status is not None:
-        ctx.stats.failed_injected += 1
-        raise _flat("Injected failure", "InternalServerError" if status >= 500 else "BadRequestError", status)
-    if ctx.gate.queue_full(ctx.snapshot().waiting):
-        ctx.stats.rejected_queue_full += 1
-        raise _flat("The request queue is full.", "ServiceUnavailableError", 503)
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -122,8 +92,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     ctx.stats.requests_received += 1
     try:
         req = _validate(ctx, await request.read(), chat=chat)
-        _admit(ctx)
-    except _Reject as rej:
+        admit(ctx)
+    except Reject as rej:
         return json_response(rej.body, rej.status)
     model = str(req.body.get("model") or ctx.model)
     room = ctx.config.max_model_len - len(req.prompt)
@@ -275,12 +245,17 @@ def build_app(ctx: FaceContext, metrics: TrtllmMetrics) -> web.Application:
     app = python_runtime_app()
     app[CONTEXT_KEY] = ctx
     app[METRICS_KEY] = metrics
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_post("/v1/completions", generate)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
-    app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/version", version)
+    if ctx.config.embedding_dim is not None:
+        # An embedding model: trtllm-serve's register_embedding_routes (no generation, no stats).
+        app.router.add_post("/v1/embeddings", trtllm_aux.embeddings)
+        return app
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/v1/completions", generate)
+    trtllm_aux.add_routes(app)
+    app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/metrics", iteration_stats)
     app.router.add_get("/prometheus/metrics", prometheus)
     return app
