@@ -77,6 +77,7 @@ class ResponsesHooks:
     limits: Callable[[FaceContext, ResponsesCall], web.Response | None]
     on_submit: Callable[[Generation, ResponsesCall, int], None] = lambda gen, call, max_tokens: None
     unknown_field: Callable[[str, dict[str, Any]], web.Response] | None = None  # trtllm: extra="forbid"
+    invalid_shape: Callable[[ShapeError], web.Response] | None = None  # default: reject(400, message)
     allowed_fields: frozenset[str] = frozenset()
     store: ResponseStore | None = None
     max_tokens_headroom: int = 0  # SGLang keeps 2 tokens of headroom off max_output_tokens
@@ -127,7 +128,11 @@ async def create(request: web.Request, hooks: ResponsesHooks) -> web.StreamRespo
         return history
     try:
         call = read_call(body, history=history)
-    except (InputError, ShapeError) as exc:
+    except ShapeError as exc:
+        if hooks.invalid_shape is not None:
+            return hooks.invalid_shape(exc)
+        return hooks.reject(400, str(exc), "invalid_request_error", exc.param)
+    except InputError as exc:
         return hooks.reject(400, str(exc), "invalid_request_error", exc.param)
     refused = hooks.limits(ctx, call) or hooks.admit(ctx)
     if refused is not None:

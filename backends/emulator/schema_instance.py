@@ -118,6 +118,12 @@ def _object(schema: dict[str, Any], root: dict[str, Any], depth: int) -> dict[st
             if len(out) >= minimum:
                 break
             out.setdefault(name, _build(sub, root, depth + 1))
+        # Still short (too few declared properties): invent names, unless additional ones are barred.
+        if schema.get("additionalProperties") is not False:
+            i = 0
+            while len(out) < minimum:
+                out.setdefault(f"key{i}", _extra(schema, root, depth))
+                i += 1
     return out
 
 

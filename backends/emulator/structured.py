@@ -54,6 +54,7 @@ class OutputShape:
 
 
 TEXT = OutputShape()
+_NOT_FOUND_RESPONSES = "Tool choice 'function' not found in 'tools' parameter."
 
 
 def _tool_list(raw: Any, *, nested: bool) -> list[ToolSpec]:
@@ -69,9 +70,14 @@ def _tool_list(raw: Any, *, nested: bool) -> list[ToolSpec]:
 
 
 def _choose_tool(tools: list[ToolSpec], choice: Any, *, nested: bool) -> OutputShape | None:
-    """The forced call `tool_choice` asks for; messages as vLLM's `check_tool_usage` words them."""
+    """The forced call `tool_choice` asks for; messages as vLLM 0.32's `check_tool_usage` words them
+    (chat: `chat_completion/protocol.py`; Responses, `nested=False`: `responses/protocol.py`)."""
     if (choice == "required" or isinstance(choice, dict)) and not tools:
-        raise ShapeError("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        if nested:
+            raise ShapeError("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        if choice == "required":
+            raise ShapeError("Tool choice 'required' must be specified with 'tools' parameter.", "tool_choice")
+        raise ShapeError(_NOT_FOUND_RESPONSES, "tool_choice")
     if choice == "required":
         return OutputShape("tool", tool=tools[0])
     if isinstance(choice, dict) and choice.get("type") == "function":
@@ -80,6 +86,8 @@ def _choose_tool(tools: list[ToolSpec], choice: Any, *, nested: bool) -> OutputS
         for t in tools:
             if t.name == name:
                 return OutputShape("tool", tool=t, named=True)
+        if not nested:
+            raise ShapeError(_NOT_FOUND_RESPONSES, "tool_choice")
         raise ShapeError("The tool specified in `tool_choice` does not match any of the specified `tools`",
                          "tool_choice")
     return None

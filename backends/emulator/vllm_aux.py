@@ -42,6 +42,14 @@ def _model(ctx: FaceContext, body: dict[str, Any]) -> str | web.Response:
     return ctx.model
 
 
+def _missing_input(body: dict[str, Any]) -> web.Response:
+    """The body pydantic saw: without tools, `check_tool_usage` has already set `tool_choice` to
+    "none" (so `{"model": ...}` is reported as a dict of 2 items, as captured)."""
+    items = len(body) + (0 if body.get("tools") or "tool_choice" in body else 1)
+    return json_response(R.validation_error("missing", "body.input", "Field required", f"<dict of {items} items>"),
+                         400)
+
+
 def responses_hooks(app: web.Application) -> RF.ResponsesHooks:
     def admit_or_refuse(ctx: FaceContext) -> web.Response | None:
         try:
@@ -67,8 +75,8 @@ def responses_hooks(app: web.Application) -> RF.ResponsesHooks:
 
     return RF.ResponsesHooks(
         dialect=Dialect.VLLM, reject=_reject, invalid_body=_json_error,
-        missing_input=lambda body: json_response(R.validation_error(
-            "missing", "body.input", "Field required", f"<dict of {len(body)} items>"), 400),
+        missing_input=_missing_input,
+        invalid_shape=lambda exc: _reject(400, f"{exc} (parameter={exc.param})", "BadRequestError", exc.param),
         admit=admit_or_refuse, model=_model, limits=limits, on_submit=on_submit,
     )
 

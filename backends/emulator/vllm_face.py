@@ -72,8 +72,8 @@ def _validate(ctx: FaceContext, request: web.Request, raw: bytes, *, chat: bool)
         req = build_request(body, chat=chat, default_max_tokens=16)
     except FieldError as exc:
         raise Reject(400, R.validation_error(exc.kind, f"body.{exc.field}", exc.msg, exc.value)) from None
-    except ShapeError as exc:
-        raise bad(str(exc), exc.param) from None
+    except ShapeError as exc:  # a VLLMValidationError: its str() names the parameter
+        raise bad(f"{exc} (parameter={exc.param})", exc.param) from None
     if req.max_tokens is not None and req.max_tokens < 1:
         raise bad(f"max_tokens must be at least 1, got {req.max_tokens}.", "max_tokens")
     limit = ctx.config.max_model_len
