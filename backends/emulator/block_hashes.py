@@ -5,7 +5,7 @@
   HIGHEST_PROTOCOL))`, chained on the parent's 32-byte digest; the first block's parent is
   `NONE_HASH = sha256(pickle.dumps("vllm-none-hash"))` (the fixed seed used when PYTHONHASHSEED is
   unset). Events carry the low 64 bits as an unsigned int (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`,
-  the default). Verified equal to a real vLLM 0.32's events (tests/emulator/test_block_hashes.py).
+  the default). Verified equal to a real vLLM 0.32's events (tests/emulator/test_kv_encodings.py).
 * SGLang (`srt/mem_cache/utils.py` `get_hash_str`, `hash_str_to_int64`): per page, `sha256(prior
   digest + each token as 4-byte little-endian)`, chained; events carry the first 8 bytes as a
   *signed* int64.

@@ -10,7 +10,7 @@ msgspec (tests/emulator/captures/kv_events_encodings.json, produced with vLLM 0.
   only when they have a default): `BlockStored` {block_hashes, parent_block_hash, token_ids,
   block_size, lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind},
   `BlockRemoved` {block_hashes, medium, group_idx}, `AllBlocksCleared` {}. As captured from a live
-  vLLM 0.32 (kv_events_vllm.jsonl): one `BlockRemoved` per evicted block, and a `BlockStored` per
+  vLLM 0.32 (captures/vllm-0.32.0-cpu/kv_events.jsonl): one `BlockRemoved` per evicted block, and a `BlockStored` per
   step listing that step's newly cached blocks with the parent of the first.
 * vLLM "array" (before PR #42892): the same structs positional, tag first, every field present.
 * SGLang (`srt/disaggregation/kv_events.py`; the radix cache's `KVCacheEventMixin`): positional
