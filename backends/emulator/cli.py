@@ -12,7 +12,7 @@ import signal
 import sys
 
 from backends.base import Runtime
-from backends.emulator.config import EmulatorConfig
+from backends.emulator.config import EmulatorConfig, KvEventsConfig
 from backends.emulator.faults import Faults
 from backends.emulator.profiles import PROFILES
 from backends.emulator.server import start_emulator
@@ -30,6 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix-reuse", choices=["on", "off", "default"], default="default")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="KV block size (vLLM --block-size, SGLang --page-size, trtllm tokens_per_block)")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (--num-gpu-blocks-override)")
+    p.add_argument("--embedding-dim", type=int, default=None,
+                   help="serve an embedding model of this dimension (vLLM/SGLang/trtllm-serve /v1/embeddings)")
+    k = p.add_argument_group("KV-cache events")
+    k.add_argument("--kv-events", metavar="ENDPOINT", default=None,
+                   help="publish KV-cache events: vLLM/SGLang a ZMQ endpoint (tcp://127.0.0.1:PORT connects, "
+                        "tcp://*:PORT binds); trtllm-serve any value (served by POST /kv_cache_events)")
+    k.add_argument("--kv-events-topic", default="")
+    k.add_argument("--kv-events-encoding", choices=["map", "array"], default="map",
+                   help="vLLM: tagged maps (0.32) or positional arrays (before vLLM PR #42892)")
+    k.add_argument("--kv-events-replay", metavar="ENDPOINT", default=None, help="a ROUTER replay endpoint")
+    k.add_argument("--kv-events-drop", default="", metavar="SEQ[,SEQ...]",
+                   help="batches (sequence numbers) to consume but not send: a gap")
+    k.add_argument("--kv-events-silent-after", type=int, default=None, metavar="N",
+                   help="send nothing after N batches: a silent publisher")
     f = p.add_argument_group("fault knobs")
     f.add_argument("--fail-first", type=int, default=0)
     f.add_argument("--fail-status", type=int, default=503)
@@ -49,8 +66,16 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         not_ready_for_s=args.not_ready_for_s, max_queue=args.max_queue,
     )
     reuse = {"on": True, "off": False, "default": None}[args.prefix_reuse]
+    kv = None
+    if args.kv_events is not None:
+        drop = frozenset(int(x) for x in args.kv_events_drop.split(",") if x.strip())
+        kv = KvEventsConfig(endpoint=args.kv_events, topic=args.kv_events_topic, encoding=args.kv_events_encoding,
+                            replay_endpoint=args.kv_events_replay, drop_batches=drop,
+                            silent_after=args.kv_events_silent_after)
     return EmulatorConfig(runtime=Runtime(args.runtime), model=args.model, profile=args.profile, speed=args.speed,
-                          faults=faults, max_model_len=args.max_model_len, seed=args.seed, prefix_reuse=reuse)
+                          faults=faults, max_model_len=args.max_model_len, seed=args.seed, prefix_reuse=reuse,
+                          block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                          embedding_dim=args.embedding_dim, kv_events=kv)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -62,6 +87,8 @@ async def _run(args: argparse.Namespace) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     extra = f" metrics={emu.metrics_url}" if emu.metrics_url != emu.url else ""
+    if cfg.kv_events is not None and cfg.runtime is not Runtime.TRTLLM:
+        extra += f" kv_events={cfg.kv_events.endpoint}"
     print(f"emulator {cfg.runtime.value} ready at {emu.url}{extra} (profile={cfg.profile}, speed={cfg.speed})",
           flush=True)
     try:

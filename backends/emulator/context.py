@@ -18,8 +18,9 @@ from backends.emulator.config import EmulatorConfig, EmulatorStats
 from backends.emulator.driver import EngineDriver, Handle, SubRequest
 from backends.emulator.engine import Finished, Snapshot, StepResult, TokenEvent
 from backends.emulator.faults import FaultGate
+from backends.emulator.kv_events import EventCollector, KvPublisher
 from backends.emulator.profiles import EngineParams, Profile
-from backends.emulator.textgen import OutputPlan, plan_output
+from backends.emulator.textgen import OutputPlan, plan_output, plan_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,22 @@ class StatsObserver:
 
     def on_idle(self, snap: Snapshot) -> None:
         return None
+
+
+class KvEventsObserver:
+    """Publishes each engine step's KV-cache events as one batch, as vLLM's scheduler does."""
+
+    def __init__(self, ctx: FaceContext) -> None:
+        self.ctx = ctx
+
+    def on_step(self, step: StepResult, snap: Snapshot) -> None:
+        self.ctx.flush_kv_events()
+
+    def on_finished(self, fin: Finished) -> None:
+        return None
+
+    def on_idle(self, snap: Snapshot) -> None:
+        self.ctx.flush_kv_events()
 
 
 class Generation:
@@ -116,6 +133,14 @@ class FaceContext:
         self._counter = itertools.count(1)
         self.changed = asyncio.Event()  # set on every engine event; lets tests wait without sleeping
         self.fingerprint_hash = uuid.UUID(int=random.Random(config.seed + 1).getrandbits(128)).hex[:8]
+        self.kv_collector: EventCollector | None = None  # set when KV-cache events are published
+        self.kv_publisher: KvPublisher | None = None
+
+    def flush_kv_events(self) -> None:
+        """Publish what the cache reported since the last flush as one batch (once per engine step,
+        and after a cache reset outside any step)."""
+        if self.kv_collector is not None and self.kv_publisher is not None:
+            self.kv_publisher.publish(self.kv_collector.take())
 
     @property
     def model(self) -> str:
@@ -130,7 +155,12 @@ class FaceContext:
     def snapshot(self) -> Snapshot:
         return self.driver.engine.snapshot()
 
-    def plans(self, n: int, *, max_tokens: int | None, stop: Sequence[str] = ()) -> list[OutputPlan]:
+    def plans(
+        self, n: int, *, max_tokens: int | None, stop: Sequence[str] = (), text: str | None = None
+    ) -> list[OutputPlan]:
+        """What each of `n` choices will say: free text, or exactly `text` (a constrained output)."""
+        if text is not None:
+            return [plan_text(text, max_tokens=max_tokens) for _ in range(n)]
         return [
             plan_output(self.rng, max_tokens=max_tokens, default_tokens=self.profile.default_output_tokens, stop=stop)
             for _ in range(n)

@@ -3,6 +3,7 @@ request, body decoding, SSE framing and the disconnect-safe token loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from backends.emulator import tokenizer
 from backends.emulator.context import FaceContext, Generation, Token, abort_transport, tokenize_prompt
+from backends.emulator.structured import TEXT, OutputShape, chat_shape
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -34,6 +36,7 @@ class ChatRequest:
     continuous_usage: bool
     logprobs: bool
     top_logprobs: int
+    shape: OutputShape = TEXT  # chat only: a forced tool call or JSON `response_format`
 
 
 class BodyError(Exception):
@@ -89,7 +92,8 @@ def stop_list(value: Any) -> tuple[str, ...]:
 
 
 def build_request(body: dict[str, Any], *, chat: bool, default_max_tokens: int | None) -> ChatRequest:
-    """Read the common fields of a body; raises `FieldError` for values of the wrong type."""
+    """Read the common fields of a body; raises `FieldError` for values of the wrong type and
+    `structured.ShapeError` for a `tool_choice` that names no given tool."""
     if chat:
         messages = body.get("messages") or []
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -115,7 +119,7 @@ def build_request(body: dict[str, Any], *, chat: bool, default_max_tokens: int |
         stream=bool(body.get("stream", False)), include_usage=include_usage,
         continuous_usage=include_usage and bool(opts.get("continuous_usage_stats", False)),
         logprobs=bool(logprobs) if chat else logprobs is not None,
-        top_logprobs=top or 0,
+        top_logprobs=top or 0, shape=chat_shape(body) if chat else TEXT,
     )
 
 
@@ -165,6 +169,23 @@ async def stream_tokens(
             yield tok
     finally:
         gen.abort()
+
+
+async def run_pooling(ctx: FaceContext, request: web.Request, prompts: list[list[int]]) -> None:
+    """An embeddings request: every input is one engine request (a prefill and one pooled output),
+    run concurrently through the same scheduler as generation, so queueing, the prefix cache and
+    timing apply. Raises `Died` for the mid-stream faults; aborts what is left on any exit."""
+    gens = [ctx.start(p, ctx.plans(1, max_tokens=1)) for p in prompts]
+
+    async def drain(gen: Generation) -> None:
+        async for _ in stream_tokens(ctx, request, gen):
+            pass
+
+    try:
+        await asyncio.gather(*(drain(g) for g in gens))
+    finally:
+        for g in gens:
+            g.abort()
 
 
 @web.middleware

@@ -13,21 +13,42 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from backends.base import Runtime
+from backends.emulator.block_hashes import python_hashes, trtllm_hashes, vllm_hashes
 from backends.emulator.config import EmulatorConfig, EmulatorStats
-from backends.emulator.context import FaceContext, StatsObserver
+from backends.emulator.context import FaceContext, KvEventsObserver, StatsObserver
 from backends.emulator.driver import EngineDriver, StepObserver
 from backends.emulator.engine import Engine, Snapshot
 from backends.emulator.faults import FaultGate
+from backends.emulator.kv_events import EventCollector, KvEventSink, KvPublisher
+from backends.emulator.kv_zmq import ZmqKvPublisher
 from backends.emulator.prefix_cache import BlockHashCache, NoCache, PrefixCache, RadixCache
 from backends.emulator.profiles import CacheKind, EngineParams, get_profile
+from backends.emulator.trtllm_kv_events import TrtllmKvEventQueue
 
 
-def make_cache(params: EngineParams, *, enabled: bool) -> PrefixCache:
+def make_cache(
+    params: EngineParams, *, enabled: bool, runtime: Runtime | None = None, sink: KvEventSink | None = None
+) -> PrefixCache:
+    """The runtime's prefix cache; with a `sink` it reports stores and evictions with the runtime's
+    own block hashes (without one, a cheap Python hash keys the blocks)."""
     if not enabled or params.cache_kind is CacheKind.NONE:
         return NoCache()
     if params.cache_kind is CacheKind.RADIX:
-        return RadixCache()
-    return BlockHashCache(params.block_size)
+        return RadixCache(params.block_size, sink=sink)
+    hasher = python_hashes
+    if sink is not None:
+        hasher = trtllm_hashes if runtime is Runtime.TRTLLM else vllm_hashes
+    return BlockHashCache(params.block_size, hasher=hasher, sink=sink)
+
+
+def _with_overrides(params: EngineParams, config: EmulatorConfig) -> EngineParams:
+    """`block_size` keeps the pool's token capacity unless `num_kv_blocks` sets the block count."""
+    if config.block_size is not None and config.block_size != params.block_size:
+        tokens = params.kv_blocks * params.block_size
+        params = dataclasses.replace(params, block_size=config.block_size, kv_blocks=tokens // config.block_size)
+    if config.num_kv_blocks is not None:
+        params = dataclasses.replace(params, kv_blocks=config.num_kv_blocks)
+    return params
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +129,17 @@ class RunningEmulator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.ctx.changed.wait(), 0.01)
 
+    @property
+    def kv_events(self) -> KvPublisher | None:
+        """The KV-event publisher (test knobs: `drop_next()`, `silence()`), None when not configured."""
+        return self.ctx.kv_publisher
+
     async def stop(self) -> None:
         for r in self._runners:
             await r.cleanup()
         await self.ctx.driver.stop()
+        if isinstance(self.ctx.kv_publisher, ZmqKvPublisher):
+            await self.ctx.kv_publisher.close()
 
 
 SHUTDOWN_GRACE_S = 0.25
@@ -144,10 +172,26 @@ def build_context(config: EmulatorConfig, *, clock: Callable[[], float] | None =
     reuse = config.prefix_reuse if config.prefix_reuse is not None else params.cache_kind is not CacheKind.NONE
     if config.prefix_reuse and params.cache_kind is CacheKind.NONE:
         params = dataclasses.replace(params, cache_kind=CacheKind.BLOCK_HASH)
-    engine = Engine(params, make_cache(params, enabled=reuse))
+    params = _with_overrides(params, config)
+    if config.kv_events is not None and config.runtime is Runtime.TRITON:
+        raise ValueError("the Triton face publishes no KV-cache events (its TensorRT-LLM backend has no publisher)")
+    collector = EventCollector() if config.kv_events is not None else None
+    engine = Engine(params, make_cache(params, enabled=reuse, runtime=config.runtime, sink=collector))
     driver = EngineDriver(engine, speed=config.speed, clock=loop_clock)
     gate = FaultGate(config.faults, seed=config.seed, clock=loop_clock)
-    return FaceContext(config, profile, params, driver, gate, EmulatorStats())
+    ctx = FaceContext(config, profile, params, driver, gate, EmulatorStats())
+    ctx.kv_collector = collector
+    return ctx
+
+
+def _kv_publisher(ctx: FaceContext) -> ZmqKvPublisher | TrtllmKvEventQueue | None:
+    cfg = ctx.config.kv_events
+    if cfg is None:
+        return None
+    if ctx.config.runtime is Runtime.TRTLLM:
+        return TrtllmKvEventQueue(cfg, window_size=ctx.config.max_model_len, primary_blocks=ctx.params.kv_blocks)
+    style = "sglang" if ctx.config.runtime is Runtime.SGLANG else f"vllm-{cfg.encoding}"
+    return ZmqKvPublisher(cfg, style=style, replay_with_topic=ctx.config.runtime is Runtime.VLLM)
 
 
 async def start_emulator(
@@ -155,8 +199,12 @@ async def start_emulator(
 ) -> RunningEmulator:
     """Start one emulator. For Triton the metrics are served on their own port (`metrics_port`)."""
     ctx = build_context(config)
+    publisher = _kv_publisher(ctx)
+    ctx.kv_publisher = publisher
     faces = _build_face(config.runtime, ctx)
     ctx.driver.observers.extend([StatsObserver(ctx.stats, ctx.changed), faces.observer])
+    if publisher is not None:
+        ctx.driver.observers.append(KvEventsObserver(ctx))
     faces.observer.on_idle(ctx.snapshot())
     ctx.driver.start()
     runners: list[web.AppRunner] = []
@@ -173,5 +221,7 @@ async def start_emulator(
         for r in runners:
             await r.cleanup()
         await ctx.driver.stop()
+        if isinstance(publisher, ZmqKvPublisher):
+            await publisher.close()
         raise
     return RunningEmulator(config, ctx, runners, url, metrics_url)

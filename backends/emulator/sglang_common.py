@@ -14,6 +14,8 @@ VERSION = "0.5.23"
 EOS_ID = 151645
 METRICS_KEY = web.AppKey("sglang_metrics", SglangMetrics)
 HEALTH_TIMEOUT_S = 20.0
+# Estimated (SGLang's exact text not found): what an --is-embedding server says to a generation request.
+NOT_GENERATION = "This model is an embedding model (--is-embedding) and does not support generation requests."
 
 
 class Reject(Exception):

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from backends.emulator import sglang_aux
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.openai_common import (
     DONE,
@@ -25,7 +26,7 @@ from backends.emulator.openai_common import (
     python_runtime_app,
     stream_tokens,
 )
-from backends.emulator.sglang_common import METRICS_KEY, Reject, admit, matched
+from backends.emulator.sglang_common import METRICS_KEY, NOT_GENERATION, Reject, admit, matched
 from backends.emulator.sglang_metrics import SglangMetrics
 from backends.emulator.sglang_native import (
     flush_cache,
@@ -39,6 +40,7 @@ from backends.emulator.sglang_native import (
     ready,
     server_info,
 )
+from backends.emulator.structured import ShapeError, ToolCallLayout, ToolCallStream, json_array_layout
 from backends.emulator.textgen import OutputPlan
 
 
@@ -54,6 +56,8 @@ def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
         req = build_request(body, chat=chat, default_max_tokens=None)
     except FieldError as exc:
         raise Reject(400, f"1 validation error:\n  {exc.msg}: body.{exc.field}", "Bad Request") from None
+    except ShapeError as exc:
+        raise Reject(400, str(exc), "BadRequest") from None
     limit, p = ctx.config.max_model_len, len(req.prompt)
     if p >= limit:
         raise Reject(400, f"The input ({p} tokens) is longer than the model's context length ({limit} tokens).",
@@ -81,6 +85,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         req = _validate(ctx, await request.read(), chat=chat)
     except Reject as rej:
         return json_response(rej.body(), rej.status)
+    if ctx.config.embedding_dim is not None:
+        return json_response(Reject(400, NOT_GENERATION, "BadRequest").body(), 400)
     try:
         admit(ctx)
     except Reject as rej:
@@ -94,13 +100,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
     model = str(req.body.get("model") or "default")
     room = ctx.config.max_model_len - len(req.prompt)
     max_tokens = req.max_tokens if req.max_tokens is not None or ctx.profile.default_output_tokens <= room else room
-    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop)
+    tool = req.shape.tool
+    layout = json_array_layout(tool.name, req.shape.json_text()) if tool is not None else None
+    text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
+    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
     gen = ctx.start(req.prompt, plans)
     metrics.register(gen.rids, streaming=req.stream)
     rid = ctx.hex_id(32)
     try:
         if req.stream:
-            return await _stream(ctx, request, req, gen, rid, model)
+            return await _stream(ctx, request, req, gen, rid, model, layout)
         texts: list[list[str]] = [[] for _ in plans]
         try:
             async for tok in stream_tokens(ctx, request, gen):
@@ -109,13 +118,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return web.Response(status=500)
         choices: list[dict[str, Any]] = []
         for i, plan in enumerate(plans):
-            text = "".join(texts[i])
-            if chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text,
+            out = "".join(texts[i])
+            if chat and layout is not None and layout.complete(len(out)):
+                # SGLang parses the call out of the text: content null, finish "tool_calls", no matched stop.
+                call = {"id": f"call_{ctx.hex_id(24)}", "index": 0, "type": "function",
+                        "function": {"name": layout.name, "arguments": layout.arguments}}
+                choices.append({"index": i, "message": {"role": "assistant", "content": None,
+                                                        "reasoning_content": None, "tool_calls": [call]},
+                                "logprobs": None, "finish_reason": "tool_calls", "matched_stop": None})
+            elif chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": out,
                                                         "reasoning_content": None},
                                 "logprobs": None, "finish_reason": plan.finish_reason, "matched_stop": matched(plan)})
             else:
-                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": plan.finish_reason,
+                choices.append({"index": i, "text": out, "logprobs": None, "finish_reason": plan.finish_reason,
                                 "matched_stop": matched(plan)})
         completion = sum(len(t) for t in texts)
         return json_response({
@@ -127,13 +143,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
         gen.abort()
 
 
+def _tool_chunk(head: dict[str, Any], index: int, call: dict[str, Any]) -> dict[str, Any]:
+    """A tool-call delta as SGLang writes it (pydantic `model_dump_json`: every null kept)."""
+    delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": [call]}
+    return {**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None,
+                                 "matched_stop": None}], "usage": None}
+
+
 async def _stream(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str, model: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str, model: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     obj = "chat.completion.chunk" if req.chat else "text_completion"
     head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
     counts = [0] * req.n
     prompt = len(req.prompt)
+    trackers: dict[int, ToolCallStream] = {}
 
     def choice(i: int, content: str | None, *, role: bool = False, plan: OutputPlan | None = None) -> dict[str, Any]:
         c: dict[str, Any] = {"index": i}
@@ -164,6 +189,24 @@ async def _stream(
                     await resp.write(event({**head, "choices": [choice(i, "", role=True)]}))
             started = True
             counts[tok.choice] += 1
+            if layout is not None and req.chat:
+                tracker = trackers.setdefault(tok.choice, ToolCallStream(layout))
+                name_now, fragment = tracker.feed(tok.piece)
+                if name_now:
+                    first = {"id": f"call_{ctx.hex_id(24)}", "index": 0, "type": "function",
+                             "function": {"name": layout.name, "arguments": ""}}
+                    await resp.write(event(_tool_chunk(head, tok.choice, first)))
+                if fragment:
+                    args = {"name": None, "arguments": fragment}
+                    more = {"id": None, "index": 0, "type": "function", "function": args}
+                    await resp.write(event(_tool_chunk(head, tok.choice, more)))
+                if tok.finished is not None:
+                    plan = gen.plans[tok.choice]
+                    end = choice(tok.choice, None, plan=plan)
+                    if tracker.complete:
+                        end["finish_reason"], end["matched_stop"] = "tool_calls", None
+                    await resp.write(event({**head, "choices": [end]}))
+                continue
             chunk: dict[str, Any] = {**head, "choices": [choice(tok.choice, tok.piece)]}
             if req.continuous_usage:
                 chunk["usage"] = _usage(prompt, counts[tok.choice], gen.cached_tokens)
@@ -202,4 +245,5 @@ def build_app(ctx: FaceContext, metrics: SglangMetrics) -> web.Application:
     app.router.add_get("/flush_cache", flush_cache)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/metrics", metrics_endpoint)
+    sglang_aux.add_routes(app)
     return app

@@ -133,7 +133,8 @@ async def model_card(request: web.Request) -> web.Response:
 async def model_info(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
     return json_response({
-        "model_path": ctx.model, "served_model_name": ctx.model, "tokenizer_path": ctx.model, "is_generation": True,
+        "model_path": ctx.model, "served_model_name": ctx.model, "tokenizer_path": ctx.model,
+        "is_generation": ctx.config.embedding_dim is None,
         "preferred_sampling_params": None, "weight_version": "default", "load_format": "auto",
         "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
         "has_image_understanding": False, "has_audio_understanding": False, "model_type": "emulated",
@@ -177,7 +178,8 @@ async def flush_cache(request: web.Request) -> web.Response:
         return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. "
                                               "(When there are running or waiting requests, the operation will not "
                                               "be performed.)\n")
-    ctx.driver.engine.cache.evict_to(0)
+    ctx.driver.engine.cache.clear()
+    ctx.flush_kv_events()
     return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running "
                              "or waiting requests, the operation will not be performed.)\n")
 

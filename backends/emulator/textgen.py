@@ -57,3 +57,14 @@ def plan_output(
                     new_pieces = (*pieces[:k], last)
                     return OutputPlan(new_pieces, tuple(ids[: k + 1]), "stop", s)
     return OutputPlan(tuple(pieces), tuple(ids), reason, None)
+
+
+def plan_text(text: str, *, max_tokens: int | None) -> OutputPlan:
+    """Plan an output that says exactly `text` (a constrained output: JSON or a tool call), one
+    tokenizer piece per token, then EOS ("stop"); cut after `max_tokens` tokens ("length")."""
+    pieces = tokenizer.split(text) or [""]
+    ids = [tokenizer.piece_id(p) for p in pieces]
+    tokenizer.remember(pieces, ids)
+    if max_tokens is not None and len(pieces) > max_tokens:
+        return OutputPlan(tuple(pieces[: max(1, max_tokens)]), tuple(ids[: max(1, max_tokens)]), "length", None)
+    return OutputPlan(tuple(pieces), tuple(ids), "stop", None)

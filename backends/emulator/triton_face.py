@@ -28,6 +28,22 @@ INPUTS = {
 }
 
 
+def _parameter_error(body: dict[str, Any], *, nested: bool = False) -> str | None:
+    """Triton's generate conversion (`src/http_server.cc` `ConvertGenerateRequest`): a key naming a
+    model input becomes a tensor; any other key becomes a request *parameter*, which the model simply
+    ignores when it is a string, number or bool, and which is refused otherwise. So OpenAI-only
+    fields like `logprobs: true` or `n: 2` are accepted and ignored, while `tools`, `messages` or
+    `response_format` (arrays, objects) are a 400. `parameters` is converted the same way, in order."""
+    for key, value in body.items():
+        if key == "parameters" and not nested and isinstance(value, dict):
+            inner = _parameter_error(value, nested=True)
+            if inner is not None:
+                return f"Converting keyword: 'parameters': {inner}"
+        elif key not in INPUTS and not isinstance(value, str | int | float | bool):
+            return f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+    return None
+
+
 def _error(message: str, status: int = 400) -> web.Response:
     return web.Response(body=orjson.dumps({"error": message}), status=status, content_type="application/json")
 
@@ -49,9 +65,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return _error(f"failed to parse the request JSON buffer: {exc}")
     params = body.get("parameters")
     inputs = {**(params if isinstance(params, dict) else {}), **{k: v for k, v in body.items() if k != "parameters"}}
-    for key in body:
-        if key not in INPUTS and key not in ("parameters", "id"):
-            return _error(f"[request id: <id_unknown>] unexpected inference input '{key}' for model '{model}'")
+    refused = _parameter_error(body)
+    if refused is not None:
+        return _error(refused)
     for key in ("text_input", "max_tokens"):
         if key not in inputs:
             return _error(f"[request id: <id_unknown>] expected 1 inputs but got 0 inputs for model '{model}'. "

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from backends.emulator import trtllm_aux
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.exposition import render
 from backends.emulator.openai_common import (
@@ -27,10 +28,10 @@ from backends.emulator.openai_common import (
     python_runtime_app,
     stream_tokens,
 )
+from backends.emulator.structured import ShapeError, ToolCallLayout, ToolCallStream, hermes_layout
+from backends.emulator.trtllm_common import METRICS_KEY, VERSION, Reject, admit, flat, pydantic
 from backends.emulator.trtllm_metrics import TrtllmMetrics
 
-VERSION = "1.2.0"
-METRICS_KEY = web.AppKey("trtllm_metrics", TrtllmMetrics)
 _COMMON = {
     "model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty", "seed", "stop",
     "stream", "stream_options", "temperature", "top_p", "user", "top_k", "top_p_min", "min_p", "repetition_penalty",
@@ -46,42 +47,28 @@ CHAT_FIELDS = _COMMON | {
 COMPLETION_FIELDS = _COMMON | {"prompt", "suffix"}
 
 
-class _Reject(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status, self.body = status, body
-
-
-def _flat(message: str, err_type: str, code: int) -> _Reject:
-    return _Reject(code, {"object": "error", "message": message, "type": err_type, "param": None, "code": code})
-
-
-def _pydantic(model: str, loc: str, msg: str, kind: str, value: Any) -> _Reject:
-    text = (f"1 validation error for {model}\n{loc}\n  {msg} [type={kind}, input_value={value!r}, "
-            f"input_type={type(value).__name__}]\n    For further information visit "
-            f"https://errors.pydantic.dev/2.11/v/{kind}")
-    return _Reject(400, {"error": text})
-
-
 def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
     model_name = "ChatCompletionRequest" if chat else "CompletionRequest"
     try:
         body = parse_body(raw)
     except BodyError as exc:
-        raise _Reject(400, {"error": f"JSON decode error: {exc}"}) from None
+        raise Reject(400, {"error": f"JSON decode error: {exc}"}) from None
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
     for key in body:
         if key not in allowed:
-            raise _pydantic(model_name, key, "Extra inputs are not permitted", "extra_forbidden", body[key])
+            raise pydantic(model_name, key, "Extra inputs are not permitted", "extra_forbidden", body[key])
     required = "messages" if chat else "prompt"
     if required not in body:
-        raise _pydantic(model_name, required, "Field required", "missing", body)
+        raise pydantic(model_name, required, "Field required", "missing", body)
     if body.get("stream_options") is not None and not body.get("stream"):
-        raise _pydantic(model_name, "", "Value error, stream_options can only be set if stream is true",
+        raise pydantic(model_name, "", "Value error, stream_options can only be set if stream is true",
                         "value_error", body)
     try:
         req = build_request(body, chat=chat, default_max_tokens=16)
     except FieldError as exc:
-        raise _pydantic(model_name, exc.field, exc.msg, exc.kind, exc.value) from None
+        raise pydantic(model_name, exc.field, exc.msg, exc.kind, exc.value) from None
+    except ShapeError as exc:
+        raise flat(str(exc), "BadRequestError", 400) from None
     opts = body.get("stream_options")
     if isinstance(opts, dict):
         include = bool(opts.get("include_usage", True))
@@ -89,23 +76,9 @@ def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
                              "continuous_usage": include and bool(opts.get("continuous_usage_stats", False))})
     limit = ctx.config.max_model_len
     if len(req.prompt) > limit:
-        raise _flat(f"The sum of prompt length ({len(req.prompt)}) and query length (0) should not exceed "
+        raise flat(f"The sum of prompt length ({len(req.prompt)}) and query length (0) should not exceed "
                     f"max_num_tokens ({limit})", "BadRequestError", 400)
     return req
-
-
-def _admit(ctx: FaceContext) -> None:
-    if not ctx.gate.ready():
-        ctx.stats.rejected_not_ready += 1
-        raise _flat("LLM is unavailable. Please check the server logs for more details.", "ServiceUnavailableError",
-                    503)
-    status = ctx.gate.injected_failure()
-    if status is not None:
-        ctx.stats.failed_injected += 1
-        raise _flat("Injected failure", "InternalServerError" if status >= 500 else "BadRequestError", status)
-    if ctx.gate.queue_full(ctx.snapshot().waiting):
-        ctx.stats.rejected_queue_full += 1
-        raise _flat("The request queue is full.", "ServiceUnavailableError", 503)
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -119,17 +92,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
     ctx.stats.requests_received += 1
     try:
         req = _validate(ctx, await request.read(), chat=chat)
-        _admit(ctx)
-    except _Reject as rej:
+        admit(ctx)
+    except Reject as rej:
         return json_response(rej.body, rej.status)
     model = str(req.body.get("model") or ctx.model)
     room = ctx.config.max_model_len - len(req.prompt)
     max_tokens = req.max_tokens if req.max_tokens is not None or ctx.profile.default_output_tokens <= room else room
-    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop)
+    layout = hermes_layout(req.shape.tool.name, req.shape.json_text()) if req.shape.tool is not None else None
+    text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
+    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
     gen = ctx.start(req.prompt, plans)
     try:
         if req.stream:
-            return await _stream(ctx, request, req, gen, model)
+            return await _stream(ctx, request, req, gen, model, layout)
         texts: list[list[str]] = [[] for _ in plans]
         try:
             async for tok in stream_tokens(ctx, request, gen):
@@ -138,13 +113,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return web.Response(status=500)
         choices: list[dict[str, Any]] = []
         for i, plan in enumerate(plans):
-            text = "".join(texts[i])
+            out = "".join(texts[i])
             c: dict[str, Any] = {"index": i}
-            if chat:
-                c["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
+            finish = plan.finish_reason
+            if chat and layout is not None and layout.complete(len(out)):
+                call = {"id": f"chatcmpl-tool-{ctx.hex_id(32)}", "type": "function",
+                        "function": {"name": layout.name, "arguments": layout.arguments}}
+                c["message"] = {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [call]}
+                finish = "tool_calls"
+            elif chat:
+                c["message"] = {"role": "assistant", "content": out, "reasoning_content": None, "tool_calls": []}
             else:
-                c["text"] = text
-            c.update(logprobs=None, finish_reason=plan.finish_reason, stop_reason=plan.stop_reason,
+                c["text"] = out
+            c.update(logprobs=None, finish_reason=finish, stop_reason=plan.stop_reason,
                      disaggregated_params=None, avg_decoded_tokens_per_iter=1.0)
             choices.append(c)
         prefix = "chatcmpl-" if chat else "cmpl-"
@@ -157,7 +138,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, model: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, model: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     rid = ("chatcmpl-" if req.chat else "cmpl-") + str(ctx.next_int())
     head = {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
@@ -170,8 +152,18 @@ async def _stream(
                 first = {**head, "choices": [{"index": i, "delta": {"role": "assistant"}}]}
                 # trtllm-serve writes its first chunk with a space before the blank line.
                 await resp.write(b"data: " + orjson.dumps(first) + (b" \n\n" if i == 0 else b"\n\n"))
+        trackers: dict[int, ToolCallStream] = {}
         async for tok in stream_tokens(ctx, request, gen, on_error_event=_error_event, resp=resp):
             counts[tok.choice] += 1
+            if layout is not None and req.chat:
+                tracker = trackers.setdefault(tok.choice, ToolCallStream(layout))
+                for delta in _tool_deltas(ctx, tracker, tok.piece):
+                    await resp.write(event({**head, "choices": [{"index": tok.choice, "delta": delta}]}))
+                if tok.finished is not None:
+                    finish = "tool_calls" if tracker.complete else gen.plans[tok.choice].finish_reason
+                    end = {"index": tok.choice, "delta": {}, "finish_reason": finish}
+                    await resp.write(event({**head, "choices": [end]}))
+                continue
             choice: dict[str, Any] = {"index": tok.choice}
             if req.chat:
                 choice["delta"] = {"content": tok.piece, "reasoning_content": ""}
@@ -191,6 +183,19 @@ async def _stream(
     except (Died, ConnectionResetError):
         pass
     return resp
+
+
+def _tool_deltas(ctx: FaceContext, tracker: ToolCallStream, piece: str) -> list[dict[str, Any]]:
+    """trtllm-serve's DeltaToolCall deltas, serialised with exclude_none (estimated, not captured)."""
+    name_now, fragment = tracker.feed(piece)
+    deltas: list[dict[str, Any]] = []
+    if name_now:
+        first = {"id": f"chatcmpl-tool-{ctx.hex_id(32)}", "type": "function", "index": 0,
+                 "function": {"name": tracker.layout.name}}
+        deltas.append({"tool_calls": [first]})
+    if fragment:
+        deltas.append({"tool_calls": [{"type": "function", "index": 0, "function": {"arguments": fragment}}]})
+    return deltas
 
 
 def _error_event() -> bytes:
@@ -240,12 +245,17 @@ def build_app(ctx: FaceContext, metrics: TrtllmMetrics) -> web.Application:
     app = python_runtime_app()
     app[CONTEXT_KEY] = ctx
     app[METRICS_KEY] = metrics
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_post("/v1/completions", generate)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
-    app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/version", version)
+    if ctx.config.embedding_dim is not None:
+        # An embedding model: trtllm-serve's register_embedding_routes (no generation, no stats).
+        app.router.add_post("/v1/embeddings", trtllm_aux.embeddings)
+        return app
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/v1/completions", generate)
+    trtllm_aux.add_routes(app)
+    app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/metrics", iteration_stats)
     app.router.add_get("/prometheus/metrics", prometheus)
     return app

@@ -8,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from backends.emulator import tokenizer
+from backends.emulator import vllm_aux
 from backends.emulator import vllm_render as R
-from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, tokenize_prompt
+from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, Token
 from backends.emulator.exposition import render_text_latest
 from backends.emulator.openai_common import (
     DONE,
@@ -26,85 +26,65 @@ from backends.emulator.openai_common import (
     python_runtime_app,
     stream_tokens,
 )
+from backends.emulator.structured import ShapeError, ToolCallLayout, ToolCallStream, hermes_layout
+from backends.emulator.textgen import OutputPlan
+from backends.emulator.vllm_common import (
+    METRICS_KEY,
+    Reject,
+    admit,
+    bad,
+    json_content_type_error,
+    prompt_too_long,
+)
 from backends.emulator.vllm_metrics import VllmMetrics
-
-METRICS_KEY = web.AppKey("vllm_metrics", VllmMetrics)
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status, self.body = status, body
-
-
-def _bad(message: str, param: str | None = None) -> _Reject:
-    return _Reject(400, R.error_body(message, "BadRequestError", 400, param))
 
 
 def _validate(ctx: FaceContext, request: web.Request, raw: bytes, *, chat: bool) -> ChatRequest:
-    ctype = request.headers.get("Content-Type", "")
-    if ctype and not ctype.startswith("application/json"):
-        raise _Reject(400, R.error_body(
-            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed", "Bad Request", 400))
+    wrong_type = json_content_type_error(request)
+    if wrong_type is not None:
+        raise wrong_type
     try:
         body = parse_body(raw)
     except BodyError as exc:
-        raise _Reject(400, R.validation_error(
+        raise Reject(400, R.validation_error(
             "json_invalid", f"body.{exc.pos}", "JSON decode error", "<dict of 0 items>", {"error": str(exc)})) from None
     field = "messages" if chat else "prompt"
     if field not in body:
-        raise _Reject(400, R.validation_error(
+        raise Reject(400, R.validation_error(
             "missing", f"body.{field}", "Field required", f"<dict of {len(body)} items>"))
     if chat and not isinstance(body["messages"], list):
-        raise _Reject(400, R.validation_error(
+        raise Reject(400, R.validation_error(
             "list_type", "body.messages", "Input should be a valid list", body["messages"]))
     model = body.get("model")
     if model and model != ctx.model:
-        raise _Reject(404, R.error_body(
+        raise Reject(404, R.error_body(
             f"The model `{model}` does not exist. Valid aliases: {ctx.model}.", "NotFoundError", 404, "model"))
     temp = body.get("temperature")
     if isinstance(temp, int | float) and temp < 0:
-        raise _bad(f"temperature must be non-negative, got {float(temp)}. (parameter=temperature, value={float(temp)})",
+        raise bad(f"temperature must be non-negative, got {float(temp)}. (parameter=temperature, value={float(temp)})",
                    "temperature")
     n = body.get("n")
     if isinstance(n, int) and n < 1:
-        raise _bad(f"n must be at least 1, got {n}.")
+        raise bad(f"n must be at least 1, got {n}.")
     if body.get("stream_options") and not body.get("stream"):
-        raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
+        raise bad("Stream options can only be defined when `stream=True`.", "stream_options")
     try:
         req = build_request(body, chat=chat, default_max_tokens=16)
     except FieldError as exc:
-        raise _Reject(400, R.validation_error(exc.kind, f"body.{exc.field}", exc.msg, exc.value)) from None
+        raise Reject(400, R.validation_error(exc.kind, f"body.{exc.field}", exc.msg, exc.value)) from None
+    except ShapeError as exc:  # a VLLMValidationError: its str() names the parameter
+        raise bad(f"{exc} (parameter={exc.param})", exc.param) from None
     if req.max_tokens is not None and req.max_tokens < 1:
-        raise _bad(f"max_tokens must be at least 1, got {req.max_tokens}.", "max_tokens")
+        raise bad(f"max_tokens must be at least 1, got {req.max_tokens}.", "max_tokens")
     limit = ctx.config.max_model_len
     max_field = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
     if req.max_tokens is not None and req.max_tokens > limit:
-        raise _bad(
+        raise bad(
             f"{max_field}={req.max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output "
             f"tokens. (parameter={max_field}, value={req.max_tokens})", max_field)
     if len(req.prompt) > limit:
-        # vLLM tokenizes at most max_model_len+1 tokens, hence "at least".
-        seen = limit + 1
-        raise _bad(
-            f"This model's maximum context length is {limit} tokens. However, your prompt contains at least {seen} "
-            "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the "
-            f"input prompt. (parameter=input_tokens, value={seen})", "input_tokens")
+        raise prompt_too_long(limit)
     return req
-
-
-def _admit(ctx: FaceContext, metrics: VllmMetrics) -> None:
-    if not ctx.gate.ready():
-        ctx.stats.rejected_not_ready += 1
-        raise _Reject(503, R.error_body("The server is still starting up.", "ServiceUnavailableError", 503))
-    status = ctx.gate.injected_failure()
-    if status is not None:
-        ctx.stats.failed_injected += 1
-        raise _Reject(status, R.error_body(
-            "Injected failure", R.ERROR_TYPES.get(status, R.PHRASES.get(status, "Error")), status))
-    if ctx.gate.queue_full(ctx.snapshot().waiting):
-        ctx.stats.rejected_queue_full += 1
-        metrics.on_admission_rejected(ctx.model)
-        raise _Reject(503, R.error_body(R.ADMISSION_MESSAGE, "Service Unavailable", 503))
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -113,25 +93,35 @@ async def generate(request: web.Request) -> web.StreamResponse:
     ctx.stats.requests_received += 1
     try:
         req = _validate(ctx, request, await request.read(), chat=chat)
-        _admit(ctx, metrics)
-    except _Reject as rej:
+        admit(ctx, metrics)
+    except Reject as rej:
         return json_response(rej.body, rej.status)
     room = ctx.config.max_model_len - len(req.prompt)
     max_tokens = req.max_tokens
     if max_tokens is None and ctx.profile.default_output_tokens > room:
         max_tokens = room
     max_tokens = None if max_tokens is None else max(1, min(max_tokens, room))
-    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop)
+    layout = hermes_layout(req.shape.tool.name, req.shape.json_text()) if req.shape.tool is not None else None
+    text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
+    plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
     metrics.on_request(n=req.n, max_tokens=max_tokens if max_tokens is not None else room)
     header_id = request.headers.get("X-Request-Id")
     rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or ctx.hex_id(16))
     gen = ctx.start(req.prompt, plans)
     try:
         if req.stream:
-            return await _stream(ctx, request, req, gen, rid)
-        return await _complete(ctx, request, req, gen, rid)
+            return await _stream(ctx, request, req, gen, rid, layout)
+        return await _complete(ctx, request, req, gen, rid, layout)
     finally:
         gen.abort()
+
+
+def _finish(req: ChatRequest, plan: OutputPlan, layout: ToolCallLayout | None) -> str:
+    """vLLM's finish reason: a complete forced call ends with "tool_calls" ("required") or "stop"
+    (a named function), as in the captures."""
+    if layout is not None and plan.finish_reason == "stop":
+        return "stop" if req.shape.named else "tool_calls"
+    return plan.finish_reason
 
 
 def _fingerprint(ctx: FaceContext) -> str:
@@ -146,7 +136,8 @@ def _created_cache(ctx: FaceContext, req: ChatRequest, cached: int) -> int | Non
 
 
 async def _complete(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     texts: list[list[str]] = [[] for _ in range(req.n)]
     try:
@@ -158,8 +149,14 @@ async def _complete(
     for i, plan in enumerate(gen.plans):
         lp = R.logprobs_content(ctx.rng, texts[i], req.top_logprobs) if req.logprobs else None
         text = "".join(texts[i])
-        make = R.chat_choice if req.chat else R.completion_choice
-        choices.append(make(i, text, plan.finish_reason, plan.stop_reason, lp))
+        if not req.chat:
+            choices.append(R.completion_choice(i, text, plan.finish_reason, plan.stop_reason, lp))
+            continue
+        # A call cut short by max_tokens is not parsed: vLLM returns the raw text as content.
+        calls = None
+        if layout is not None and layout.complete(len(text)):
+            calls = [R.tool_call(f"chatcmpl-tool-{ctx.hex_id(16)}", layout.name, layout.arguments)]
+        choices.append(R.chat_choice(i, text, _finish(req, plan, layout), plan.stop_reason, lp, calls))
     completion = sum(len(t) for t in texts)
     created = _created_cache(ctx, req, gen.cached_tokens)
     use = R.usage(len(req.prompt), completion, gen.cached_tokens, created, full=True)
@@ -182,13 +179,15 @@ def _orca_header(ctx: FaceContext, fmt: str) -> str | None:
 
 
 async def _stream(
-    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str
+    ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str,
+    layout: ToolCallLayout | None,
 ) -> web.StreamResponse:
     obj = "chat.completion.chunk" if req.chat else "text_completion"
     head = {"id": rid, "object": obj, "created": ctx.created, "model": ctx.model}
     counts = [0] * req.n
     prompt = len(req.prompt)
     resp: web.StreamResponse | None = None
+    trackers: dict[int, ToolCallStream] = {}
 
     def mid_stream_error() -> bytes:
         # vLLM writes this one event with json.dumps (spaces after separators).
@@ -211,6 +210,10 @@ async def _stream(
                     await resp.write(event(first))
             started = True
             counts[tok.choice] += 1
+            if layout is not None and req.chat:
+                await _tool_chunks(ctx, resp, req, head, trackers.setdefault(tok.choice, ToolCallStream(layout)),
+                                   tok, gen.plans[tok.choice], layout)
+                continue
             lp = R.logprobs_content(ctx.rng, [tok.piece], req.top_logprobs) if req.logprobs else None
             fin = tok.finished
             plan = gen.plans[tok.choice]
@@ -243,6 +246,31 @@ async def _stream(
     return resp if resp is not None else web.Response(status=500)
 
 
+async def _tool_chunks(
+    ctx: FaceContext, resp: web.StreamResponse, req: ChatRequest, head: dict[str, Any], tracker: ToolCallStream,
+    tok: Token, plan: OutputPlan, layout: ToolCallLayout,
+) -> None:
+    """vLLM's streamed tool call (captured: chat_tool_*_stream.txt): a delta with id and name once the
+    parser knows the function, one delta per arguments fragment, nothing for the wrapper, then a
+    separate empty-delta chunk with the finish reason."""
+    name_now, fragment = tracker.feed(tok.piece)
+    deltas = []
+    if name_now:
+        deltas.append(R.tool_name_delta(f"chatcmpl-tool-{ctx.hex_id(16)}", layout.name))
+    if fragment:
+        deltas.append(R.tool_args_delta(fragment))
+    for delta in deltas:
+        choice = {"index": tok.choice, "delta": delta, "logprobs": None, "finish_reason": None, "token_ids": None}
+        await resp.write(event({**head, "choices": [choice]}))
+    if tok.finished is not None:
+        final: dict[str, Any] = {"index": tok.choice, "delta": {}, "logprobs": None,
+                                 "finish_reason": _finish(req, plan, layout), "stop_reason": None, "token_ids": None}
+        chunk: dict[str, Any] = {**head, "choices": [final]}
+        if not req.include_usage:
+            chunk["system_fingerprint"] = _fingerprint(ctx)
+        await resp.write(event(chunk))
+
+
 async def health(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
     return web.Response(status=200 if ctx.gate.ready() else 503)
@@ -263,38 +291,6 @@ async def load(request: web.Request) -> web.Response:
     return json_response({"server_load": snap.running + snap.waiting})
 
 
-async def tokenize(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT_KEY]
-    try:
-        body = parse_body(await request.read())
-    except BodyError as exc:
-        return json_response(R.validation_error("json_invalid", f"body.{exc.pos}", "JSON decode error",
-                                                "<dict of 0 items>", {"error": str(exc)}), 400)
-    if "messages" in body:
-        gp = bool(body.get("add_generation_prompt", True))
-        text = tokenizer.render_chat(body["messages"] or [], add_generation_prompt=gp)
-        ids = tokenizer.encode(text)
-    else:
-        ids = tokenize_prompt(body.get("prompt", ""))
-    strs = [tokenizer.decode([i]) for i in ids] if body.get("return_token_strs") else None
-    return json_response({"count": len(ids), "max_model_len": ctx.config.max_model_len, "tokens": ids,
-                          "token_strs": strs})
-
-
-async def detokenize(request: web.Request) -> web.Response:
-    try:
-        body = parse_body(await request.read())
-    except BodyError:
-        return json_response(R.error_body("Invalid JSON", "Bad Request", 400), 400)
-    return json_response({"prompt": tokenizer.decode(int(t) for t in body.get("tokens", []))})
-
-
-async def reset_prefix_cache(request: web.Request) -> web.Response:
-    """Dev endpoint (`VLLM_SERVER_DEV_MODE=1`): drop every cached block, for cache experiments."""
-    request.app[CONTEXT_KEY].driver.engine.cache.evict_to(0)
-    return web.Response(status=200)
-
-
 async def metrics_endpoint(request: web.Request) -> web.Response:
     return render_text_latest(request.app[METRICS_KEY].registry)
 
@@ -303,16 +299,16 @@ def build_app(ctx: FaceContext, metrics: VllmMetrics) -> web.Application:
     app = python_runtime_app()
     app[CONTEXT_KEY] = ctx
     app[METRICS_KEY] = metrics
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_post("/v1/completions", generate)
+    pooling = ctx.config.embedding_dim is not None
+    if not pooling:
+        app.router.add_post("/v1/chat/completions", generate)
+        app.router.add_post("/v1/completions", generate)
+    vllm_aux.add_routes(app, pooling=pooling)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)
     app.router.add_post("/ping", health)
     app.router.add_get("/version", version)
     app.router.add_get("/load", load)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
-    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/metrics", metrics_endpoint)
     return app

@@ -71,16 +71,37 @@ def running_usage(prompt: int, completion: int) -> dict[str, Any]:
     }
 
 
-def chat_choice(index: int, text: str, finish: str, stop_reason: str | None, logprobs: Any) -> dict[str, Any]:
-    return {
-        "index": index,
-        "message": {
-            "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-            "function_call": None, "reasoning": None,
-        },
-        "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": None,
-        "routed_experts": None,
+def chat_choice(
+    index: int, text: str, finish: str, stop_reason: str | None, logprobs: Any,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A chat choice; with `tool_calls` the content is "" and the calls sit before `reasoning`
+    (captured: chat_tool_required.txt)."""
+    message: dict[str, Any] = {
+        "role": "assistant", "content": "" if tool_calls else text, "refusal": None, "annotations": None,
+        "audio": None, "function_call": None,
     }
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    message["reasoning"] = None
+    return {
+        "index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
+        "stop_reason": stop_reason, "token_ids": None, "routed_experts": None,
+    }
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_name_delta(call_id: str, name: str) -> dict[str, Any]:
+    """The first streamed tool-call delta: id, type and name, no arguments key."""
+    call = {"id": call_id, "type": "function", "index": 0, "function": {"name": name}}
+    return {"content": None, "tool_calls": [call]}
+
+
+def tool_args_delta(fragment: str) -> dict[str, Any]:
+    return {"content": None, "tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}
 
 
 def completion_choice(index: int, text: str, finish: str, stop_reason: str | None, logprobs: Any) -> dict[str, Any]:

@@ -3,8 +3,11 @@
 `vllm-0.32.0-cpu/`: transcripts of a real vLLM 0.32.0 server (provenance in its README.md), read by
 the adapters' unit tests (`tests/unit/backends/captures.py`) and replayed against the vLLM emulator
 (`tests/emulator/test_vllm_captures.py`).
+`emulator/`: more real vLLM 0.32 transcripts (Responses, tool calls, embeddings) and KV-event encodings,
+recorded for the emulator's newer surfaces (provenance in its README.md).
 """
 
 from pathlib import Path
 
 VLLM_CAPTURES = Path(__file__).resolve().parent / "vllm-0.32.0-cpu"
+EMULATOR_CAPTURES = Path(__file__).resolve().parent / "emulator"

@@ -69,3 +69,54 @@ async def test_demo_fleet_starts_one_emulator_per_runtime() -> None:
     finally:
         for emu in fleet:
             await emu.stop()
+
+
+def test_cli_kv_event_and_model_flags_map_to_the_config() -> None:
+    args = build_parser().parse_args([
+        "--runtime", "vllm", "--port", "0", "--block-size", "32", "--num-kv-blocks", "64", "--embedding-dim", "16",
+        "--kv-events", "tcp://127.0.0.1:5557", "--kv-events-topic", "kv", "--kv-events-encoding", "array",
+        "--kv-events-replay", "tcp://127.0.0.1:5558", "--kv-events-drop", "3, 5", "--kv-events-silent-after", "9"])
+    cfg = config_from_args(args)
+    assert (cfg.block_size, cfg.num_kv_blocks, cfg.embedding_dim) == (32, 64, 16)
+    kv = cfg.kv_events
+    assert kv is not None
+    assert (kv.endpoint, kv.topic, kv.encoding, kv.replay_endpoint) == (
+        "tcp://127.0.0.1:5557", "kv", "array", "tcp://127.0.0.1:5558")
+    assert kv.drop_batches == frozenset({3, 5})
+    assert kv.silent_after == 9
+    assert config_from_args(build_parser().parse_args(["--runtime", "vllm", "--port", "0"])).kv_events is None
+
+
+async def test_cli_publishes_kv_events_to_a_bound_subscriber() -> None:
+    """`gateway emulate --kv-events tcp://127.0.0.1:PORT` in its own process connects its PUB to
+    the subscriber, as vLLM does."""
+    from tests.emulator.kv_harness import Subscriber
+    from tests.emulator.test_kv_events import free_port
+
+    async with Subscriber(b"kv", replay_endpoint=f"tcp://127.0.0.1:{free_port()}") as sub:
+        assert sub.replay_endpoint is not None
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "backends.emulator.cli", "--runtime", "vllm", "--port", "0", "--model", "m",
+            "--profile", "tiny", "--speed", "50", "--kv-events", sub.endpoint, "--kv-events-topic", "kv",
+            "--kv-events-replay", sub.replay_endpoint,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+            m = re.search(r"ready at (http://\S+)", line)
+            assert m, line
+            assert f"kv_events={sub.endpoint}" in line
+            await sub.connected()
+            body = {"model": "m", "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "A prompt long enough to fill a block. " * 4}]}
+            async with aiohttp.ClientSession() as s, s.post(m.group(1) + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+            (batch,) = await sub.receive_until(1)
+            assert batch.topic == b"kv"
+            assert batch.seq == 0
+            assert batch.events[0].kind == "BlockStored"
+            assert batch.events[0].parent is None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0

@@ -5,6 +5,7 @@ error bodies; ids, timestamps, generated text and token counts are ignored."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -45,8 +46,8 @@ def _headers(lines: list[str]) -> dict[str, str]:
     return out
 
 
-def load(name: str) -> Capture:
-    text = (CAPTURES / f"{name}.txt").read_text()
+def load(name: str, directory: Path = CAPTURES) -> Capture:
+    text = (directory / f"{name}.txt").read_text()
     req, resp = text.split("### response\n", 1)
     req_lines = req.split("### request\n", 1)[1]
     req_head, _, req_body = req_lines.partition("\n\n")
