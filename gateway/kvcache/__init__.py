@@ -1,0 +1,18 @@
+"""What the engines really hold in their prefix caches, from their own KV-cache events.
+
+`events` decodes vLLM (tagged maps and positional arrays), SGLang and trtllm-serve events into one
+model; `index.RankIndex` keeps one engine rank's resident blocks under the gateway's own chained
+keys of their token ids (`routing.tokens`); `cache.BackendCache` tracks a backend's ranks, sequence
+numbers, gaps, restarts and silence and says whether its index is live; `registry.KvCaches` holds
+them all and is what the routing memory consults (`overlay`, `predict`) and feeds (`observe`);
+`intake` is the I/O: ZMQ subscribers and trtllm-serve pollers; `collector` exposes their state to
+Prometheus. All but `intake` are pure (time comes in as arguments or an injected clock).
+
+May import: `routing` (its values), `settings`. Imported by `app` (wiring) and `admin`.
+"""
+
+from .cache import BackendCache, State
+from .intake import KvIntake
+from .registry import KvCaches
+
+__all__ = ["BackendCache", "KvCaches", "KvIntake", "State"]

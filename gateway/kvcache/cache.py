@@ -1,0 +1,315 @@
+"""One backend's engine-reported cache: its ranks' indexes, and whether they can be trusted (pure).
+
+States:
+
+* `waiting`: configured, nothing received yet;
+* `live`: events arrive in sequence from the engine's start (or since the gateway saw the whole
+  buffer replayed from sequence 0): the index is exact, and routing uses it;
+* `rebuilding`: events were lost (a sequence gap no replay could fill, a first batch after the
+  engine had already started, a restart whose first batches were missed, a silent publisher): the
+  index may miss blocks and hold evicted ones. Its blocks become suspects (`RankIndex.ghosts`),
+  new events keep it current, and each response's reported `cached_tokens` confirms blocks or
+  removes suspects. Routing uses the approximate index for this backend meanwhile; the exact one
+  is trusted again once events flow and `verify` consecutive predictions equalled the engine's
+  report.
+
+`AllBlocksCleared`, a publisher that restarts at sequence 0 and trtllm-serve's `created` event mean
+the engine's cache is empty: the index is cleared and live. A publisher is silent when a response
+shows the engine stored new blocks and no batch arrived within `silent_after_s` of it.
+
+Data-parallel ranks have their own sequences and indexes; a backend's hit is its best rank's (the
+engine's DP balancer decides which rank serves a request, by load). Time arrives as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ..routing.tokens import TokenPrompt
+from .events import Batch, Cleared, Created, KvEvent, Removed, Stored
+from .index import RankIndex
+
+VERIFY = 3  # consecutive exact predictions that end a rebuild
+SILENT_AFTER_S = 5.0
+
+
+class State(StrEnum):
+    WAITING = "waiting"
+    LIVE = "live"
+    REBUILDING = "rebuilding"
+
+
+@dataclass(slots=True)
+class Rank:
+    index: RankIndex = field(default_factory=RankIndex)
+    next_seq: int | None = None  # the sequence number expected next; None before the first batch
+    held: Batch | None = None  # a batch received after a gap, applied once the gap is resolved
+    trusted: bool = False  # its index is complete: in sequence from the cache's start, or verified
+    batches: int = 0
+    last_at: float | None = None
+
+
+@dataclass(slots=True)
+class Stats:
+    batches: int = 0
+    events: int = 0
+    decode_errors: int = 0
+    resets: dict[str, int] = field(default_factory=dict)
+    checked: int = 0  # live predictions compared with the engine's report
+    exact: int = 0  # ... that were equal
+
+
+class BackendCache:
+    """The event-built cache of one backend (all its DP ranks)."""
+
+    def __init__(self, name: str, *, verify: int = VERIFY, silent_after_s: float = SILENT_AFTER_S) -> None:
+        self.name = name
+        self.verify = verify
+        self.silent_after_s = silent_after_s
+        self.ranks: dict[int, Rank] = {}
+        self.state = State.WAITING
+        self.reason = "no events yet"
+        self.changed_at: float | None = None
+        self.stats = Stats()
+        self.counter = 0  # batches applied, ever (silence evidence compares it)
+        self.last_batch_at: float | None = None
+        self._streak = 0
+        self._batches_since_loss = 0
+        self._awaiting: float | None = None  # when a response showed stores and no batch followed
+
+    @property
+    def live(self) -> bool:
+        return self.state is State.LIVE
+
+    def _rank(self, rank: int) -> Rank:
+        got = self.ranks.get(rank)
+        if got is None:
+            got = self.ranks[rank] = Rank()
+        return got
+
+    def _set(self, state: State, reason: str, now: float) -> None:
+        if state is not self.state or reason != self.reason:
+            self.state, self.reason, self.changed_at = state, reason, now
+
+    # --- events (vLLM, SGLang) ----------------------------------------------------------------
+
+    def receive(self, batch: Batch, now: float) -> int | None:
+        """A live batch. Returns the first missing sequence number when batches were lost before
+        it (it is then held: call `fill` with what a replay returned, or `lose`); else None."""
+        r = self._rank(batch.rank)
+        self._heard(now)
+        if r.next_seq is None or (batch.seq < r.next_seq and batch.seq != 0):
+            if batch.seq == 0:
+                self._apply(r, batch, now)
+                self._started(r, now)
+                return None
+            if r.next_seq is not None:  # a restart whose first batches were missed
+                r.index.clear()
+            r.held = batch
+            return 0
+        if batch.seq == r.next_seq:
+            self._apply(r, batch, now)
+            return None
+        if batch.seq > r.next_seq:
+            r.held = batch
+            return r.next_seq
+        # sequence 0 again: the publisher (the engine) restarted with an empty cache
+        r.index.clear()
+        self._count_reset("restart")
+        self._apply(r, batch, now)
+        self._started(r, now)
+        return None
+
+    def fill(self, rank: int, replayed: Sequence[Batch], now: float) -> bool:
+        """Batches a replay returned for the gap before the held batch; True if they closed it."""
+        r = self._rank(rank)
+        held = r.held
+        if held is None:
+            return True
+        start = 0 if r.next_seq is None else r.next_seq
+        want = {b.seq: b for b in replayed if start <= b.seq < held.seq}
+        if set(want) != set(range(start, held.seq)):
+            self.lose(rank, "gap" if r.next_seq is not None else "joined late", now)
+            return False
+        fresh = r.next_seq is None or start == 0
+        if fresh:
+            r.index.clear()
+        for seq in range(start, held.seq):
+            self._apply(r, want[seq], now)
+        r.held = None
+        self._apply(r, held, now)
+        if fresh:
+            self._started(r, now)
+        return True
+
+    def lose(self, rank: int, reason: str, now: float) -> None:
+        """The batches before the held one are gone: apply it, distrust the index, rebuild."""
+        r = self._rank(rank)
+        held, r.held = r.held, None
+        self._lost([r], reason, now)
+        if held is not None:
+            self._apply(r, held, now)
+
+    def _apply(self, r: Rank, batch: Batch, now: float) -> None:
+        r.next_seq = batch.seq + 1
+        r.batches += 1
+        r.last_at = now
+        self.counter += 1
+        self.stats.batches += 1
+        self._batches_since_loss += 1
+        self.apply(r, batch.events, now)
+
+    def apply(self, r: Rank, events: Iterable[KvEvent | None], now: float) -> None:
+        stats = self.stats
+        index = r.index
+        for ev in events:
+            if isinstance(ev, Stored):
+                index.store(ev)
+            elif isinstance(ev, Removed):
+                index.remove(ev)
+            elif isinstance(ev, Cleared | Created):
+                index.clear()
+                self._count_reset("cleared")
+                self._started(r, now)
+            else:
+                continue
+            stats.events += 1
+
+    def _heard(self, now: float) -> None:
+        self.last_batch_at = now
+        self._awaiting = None
+
+    def _started(self, r: Rank, now: float) -> None:
+        """`r`'s index is complete from its cache's start."""
+        r.trusted = True
+        if all(x.trusted for x in self.ranks.values()):
+            self._streak = 0
+            self._set(State.LIVE, "events in sequence from the start", now)
+
+    def _lost(self, ranks: Iterable[Rank], reason: str, now: float) -> None:
+        self._count_reset(reason)
+        for r in ranks:
+            r.trusted = False
+            idx = r.index
+            idx.ghosts.update(idx.keys())  # suspects until an event or a report confirms them
+        self._streak = 0
+        self._batches_since_loss = 0
+        self._set(State.REBUILDING, reason, now)
+
+    def _count_reset(self, reason: str) -> None:
+        self.stats.resets[reason] = self.stats.resets.get(reason, 0) + 1
+
+    # --- events (trtllm-serve) ----------------------------------------------------------------
+
+    def receive_trtllm(self, items: Sequence[tuple[int, KvEvent | None]], now: float) -> None:
+        """One poll's events, with their event ids (consecutive from 0 per cache manager)."""
+        if not items:
+            return
+        r = self._rank(0)
+        self._heard(now)
+        for event_id, ev in items:
+            if isinstance(ev, Created):
+                r.next_seq = event_id + 1
+                self.apply(r, (ev,), now)
+                continue
+            if r.next_seq is None or event_id != r.next_seq:
+                if r.next_seq is not None and event_id < r.next_seq:
+                    r.index.clear()  # ids went back: a restart whose `created` was not seen
+                self._lost([r], "gap" if r.next_seq is not None else "joined late", now)
+            r.next_seq = event_id + 1
+            self.apply(r, (ev,), now)
+        r.batches += 1
+        r.last_at = now
+        self.counter += 1
+        self.stats.batches += 1
+        self._batches_since_loss += 1
+
+    # --- the request path -----------------------------------------------------------------
+
+    def match(self, prompt: TokenPrompt) -> int:
+        """Expected cached tokens: the best rank's hit."""
+        best = 0
+        for r in self.ranks.values():
+            hit = r.index.match(prompt)
+            if hit > best:
+                best = hit
+        return best
+
+    @property
+    def block_size(self) -> int | None:
+        for r in self.ranks.values():
+            if r.index.block_size is not None:
+                return r.index.block_size
+        return None
+
+    def observe(self, prompt: TokenPrompt | None, *, predicted: int | None, cached_tokens: int | None,
+                prompt_tokens: int | None, counter_at_dispatch: int, now: float) -> None:
+        """A response's usage, for the prediction `predicted` made at dispatch (None when this
+        backend had no index then): verification, rebuilding and silence evidence."""
+        if cached_tokens is None:
+            return
+        if predicted is not None and self.live:
+            self.stats.checked += 1
+            if predicted == cached_tokens:
+                self.stats.exact += 1
+        bs = self.block_size
+        stored = bool(bs) and bool(prompt_tokens) and (prompt_tokens or 0) - 1 - cached_tokens >= (bs or 0)
+        if stored and self.counter == counter_at_dispatch and self._awaiting is None:
+            self._awaiting = now  # the engine stored blocks for this request; its batch should follow
+        if prompt is None or predicted is None:
+            return
+        if cached_tokens > predicted:
+            for r in self.ranks.values():
+                r.index.confirm(prompt, cached_tokens)
+        elif cached_tokens < predicted:
+            for r in self.ranks.values():
+                r.index.unconfirm(prompt, cached_tokens)
+        if self.state is State.REBUILDING:
+            self._streak = self._streak + 1 if predicted == cached_tokens else 0
+            if self._streak >= self.verify and self._batches_since_loss > 0:
+                for r in self.ranks.values():
+                    r.index.ghosts.clear()
+                    r.trusted = True
+                self._set(State.LIVE, "rebuilt: predictions verified", now)
+
+    def tick(self, now: float) -> None:
+        """Periodic: a publisher that stayed silent after a response showed stores."""
+        since = self._awaiting
+        if since is not None and now - since > self.silent_after_s:
+            self._awaiting = None
+            if self.state is not State.WAITING:
+                self._lost(self.ranks.values(), "silent", now)
+
+    # --- admin ------------------------------------------------------------------------------
+
+    def describe(self, now: float) -> dict[str, object]:
+        """What `/admin/backends` shows under `kv_events`."""
+        s = self.stats
+        return {
+            "state": self.state.value,
+            "reason": self.reason,
+            "state_age_s": None if self.changed_at is None else round(now - self.changed_at, 3),
+            "last_event_age_s": None if self.last_batch_at is None else round(now - self.last_batch_at, 3),
+            "batches": s.batches,
+            "events": s.events,
+            "decode_errors": s.decode_errors,
+            "resets": dict(s.resets),
+            "predictions_checked": s.checked,
+            "predictions_exact": s.exact,
+            "ranks": {
+                str(k): {
+                    "next_seq": r.next_seq,
+                    "blocks": len(r.index),
+                    "tokens": r.index.tokens_held(),
+                    "block_size": r.index.block_size,
+                    "trusted": r.trusted,
+                    "orphans": r.index.orphans,
+                    "suspect_blocks": len(r.index.ghosts),
+                    "unresolved_stores": r.index.unresolved,
+                    "last_event_age_s": None if r.last_at is None else round(now - r.last_at, 3),
+                }
+                for k, r in sorted(self.ranks.items())
+            },
+        }
