@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from .access.secrets import resolve_secrets
-from .settings import ConfigError, load_settings
+from .settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger("gateway")
 
@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             settings = load_settings(args.config)
             resolve_secrets(settings, source=args.config)
+            _resolve_tokenizers(settings, args.config)
         except (ConfigError, OSError) as exc:
             _print_config_error(exc)
             return 2
@@ -79,11 +80,18 @@ def _check_config(path: str) -> int:
     try:
         settings = load_settings(path)
         resolve_secrets(settings, source=path)
+        _resolve_tokenizers(settings, path)
     except (ConfigError, OSError) as exc:
         _print_config_error(exc)
         return 1
     print(f"{path}: OK ({len(settings.backends)} backends, {len(settings.routes)} routes)")
     return 0
+
+
+def _resolve_tokenizers(settings: Settings, source: str) -> None:
+    from .tokenize import resolve_tokenizers  # tokenizers and jinja2: only when a config is checked
+
+    resolve_tokenizers(settings, source=source)
 
 
 def _print_config_error(exc: Exception) -> None:

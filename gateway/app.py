@@ -33,6 +33,8 @@ from .client import UpstreamPool
 from .http.aiohttp_server import GatewayRunner
 from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
+from .kvcache import KvCaches, KvIntake
+from .kvcache.collector import KvCollector
 from .observability.metrics import Recorder
 from .observability.process import SelfHealth
 from .proxy.accounting import Accounting
@@ -47,6 +49,7 @@ from .state.pool import BackendState, Pool
 from .state.reload import Reloader
 from .state.splits import Splits
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
+from .tokenize import resolve_tokenizers
 
 
 def _marked(middleware: Middleware) -> Middleware:
@@ -115,17 +118,21 @@ async def build(
             return generations.current.proxy.weights(model)
 
     stats = StatsBook(settings, started_at=clock(), weights=weights)
-    routing = RoutingState()  # prefix memory and latency estimators outlive config generations
+    kv_caches = KvCaches(clock=clock)  # the engines' own caches, from their KV events
+    routing = RoutingState(engines=kv_caches)  # prefix memory and latency estimators outlive config generations
     splits = Splits()  # so do live A/B weights, while a route's split stays as configured
     arms = observability.ArmMetrics(registry)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
     guard = Guard(generations, KeyLimiter(clock), registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))
+    registry.register(KvCollector(kv_caches))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
     upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
+    kv_intake = KvIntake(kv_caches, session, sleep=sleep)
 
     def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
+        tokenizers = resolve_tokenizers(settings, source=str(config_path or "<config>"))  # ConfigError first
         if number > 1:
             stats.reconfigure(settings)  # new backends and arms join the live comparison
         pool = build_pool(settings, secrets)
@@ -133,8 +140,11 @@ async def build(
         splits.retain([r.model for r in settings.routes if r.split is not None])
         proxy = Proxy(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
-            throughput=stats.peak_output_tps, splits=splits,
+            throughput=stats.peak_output_tps, splits=splits, tokenizers=tokenizers,
         )
+        kv_intake.reconcile(settings.backends, {
+            name: {"Authorization": f"Bearer {key.get_secret_value()}"} for name, key in secrets.backend_keys.items()
+        })
         poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
         return Generation(number, settings, secrets, pool, proxy, poller)
 
@@ -170,6 +180,7 @@ async def build(
         await generations.current.stop()
         for old in generations.retired:
             await old.stop()
+        await kv_intake.close()
         await session.close()
         await upstream.close()
 

@@ -43,6 +43,28 @@ class Listen(_Strict):
     front: Literal["native", "aiohttp"] = "native"
 
 
+class KvEvents(_Strict):
+    """Where a backend's engine publishes its KV-cache events (see docs/kv-events.md).
+
+    vLLM and SGLang: a ZMQ PUB socket. By default the engine binds it (`--kv-events-config`
+    endpoint `tcp://*:5557`) and the gateway connects to `endpoint` (`tcp://engine-host:5557`);
+    any number of gateway replicas can subscribe. With `bind: true` the gateway binds `endpoint`
+    and the engine connects to it (an engine given a concrete address connects): one gateway
+    process only. trtllm-serve: events are polled from the backend's `POST /kv_cache_events`
+    (no endpoint; that queue is drained, so one gateway process only).
+    """
+
+    endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://.+")] | None = None
+    topic: str = ""
+    bind: bool = False
+    # the engine's replay ROUTER socket (`replay_endpoint`), to fill sequence gaps without a rebuild
+    replay_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://.+")] | None = None
+    # data-parallel ranks publish on endpoint port + rank (vLLM's and SGLang's convention)
+    data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    # no batch this long after a response showed the engine stored blocks: the publisher is silent
+    silent_after_s: Annotated[float, Field(gt=0)] = 5.0
+
+
 class Backend(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
     runtime: Runtime
@@ -57,6 +79,11 @@ class Backend(_Strict):
     # environment variable, or a file holding the key. The key itself never appears in the config.
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     api_key_file: Path | None = None
+    # The engine's KV-cache events: routing then knows exactly what it caches (see `KvEvents`).
+    kv_events: KvEvents | None = None
+    # How the engine tokenizes (a directory with tokenizer.json, a Hugging Face name in the local
+    # cache, or `emulator`); overrides the route's `tokenizer`.
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _one_key_source(self) -> Backend:
@@ -64,6 +91,21 @@ class Backend(_Strict):
             raise ValueError("give at most one of `api_key_env` and `api_key_file`")
         if (self.api_key_env or self.api_key_file) and (self.url.username or self.url.password):
             raise ValueError("url: credentials in the URL cannot be combined with an api_key")
+        return self
+
+    @model_validator(mode="after")
+    def _kv_events_fit_the_runtime(self) -> Backend:
+        kv = self.kv_events
+        if kv is None:
+            return self
+        if self.runtime is Runtime.TRITON:
+            raise ValueError("kv_events: Triton publishes no KV-cache events")
+        if self.runtime is Runtime.TRTLLM:
+            if kv.endpoint is not None or kv.replay_endpoint is not None or kv.bind:
+                raise ValueError("kv_events: trtllm-serve events are polled from the backend's /kv_cache_events; "
+                                 "give no endpoint")
+        elif kv.endpoint is None:
+            raise ValueError("kv_events.endpoint: required for vLLM and SGLang (their ZMQ publisher)")
         return self
 
     @property
@@ -111,6 +153,9 @@ class Route(_Strict):
     backends: Annotated[list[str], Field(min_length=1)] | None = None
     policy: PolicyName = "least_load"
     split: Split | None = None
+    # How the route's engines tokenize (see `Backend.tokenizer`): with it, routing predicts cached
+    # tokens exactly from the engines' KV events; without it the approximate index routes.
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _backends_or_split(self) -> Route:
@@ -225,6 +270,12 @@ class Settings(_Strict):
             if missing:
                 where = "backends" if route.split is None else "split.arms"
                 raise ValueError(f"routes.{i}.{where}: unknown backend(s) {missing}")
+        by_name = {b.name: b for b in self.backends}
+        for i, route in enumerate(self.routes):
+            specs = {by_name[b].tokenizer or route.tokenizer for b in route.candidates}
+            if len(specs) > 1:
+                raise ValueError(f"routes.{i}: its backends tokenize differently ({sorted(map(str, specs))}); "
+                                 "one tokenizer per route")
         for i, key in enumerate(self.auth.api_keys):
             unknown = sorted(set(key.models or ()) - set(models))
             if unknown:
@@ -233,6 +284,14 @@ class Settings(_Strict):
 
     def backend(self, name: str) -> Backend:
         return next(b for b in self.backends if b.name == name)
+
+    def route_tokenizer(self, route: Route) -> str | None:
+        """The tokenizer spec a route's requests are tokenized with (validated: one per route)."""
+        for name in route.candidates:
+            spec = self.backend(name).tokenizer
+            if spec is not None:
+                return spec
+        return route.tokenizer
 
 
 class ConfigError(Exception):

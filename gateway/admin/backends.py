@@ -6,6 +6,7 @@ from aiohttp import web
 from yarl import URL
 
 from .. import json_codec
+from ..kvcache import KvCaches
 from ..state.generations import Generations
 
 
@@ -20,6 +21,8 @@ def install(app: web.Application, generations: Generations) -> None:
         backends = []
         generation = generations.current
         routing = generation.proxy.routing
+        caches = routing.engines if isinstance(routing.engines, KvCaches) else None
+        now = caches.clock() if caches is not None else 0.0
         for s in generation.pool:
             load = s.load
             learned = routing.latency.get(s.name)
@@ -52,6 +55,8 @@ def install(app: web.Application, generations: Generations) -> None:
                     "prefill_tokens_per_s": learned.prefill_tokens_per_s if learned else None,
                     "predicted_tpot_s": learned.tpot_s((load.running or s.in_flight) + 1) if learned else None,
                 },
+                # the engine's own KV events (null when the backend has no `kv_events`)
+                "kv_events": cache.describe(now) if caches is not None and (cache := caches.get(s.name)) else None,
             })
         body = {"backends": backends, "generation": generation.number}
         return web.Response(body=json_codec.dumps(body), content_type="application/json")

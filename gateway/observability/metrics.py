@@ -19,7 +19,7 @@ from backends.base import Usage
 
 from ..state.pool import Pool
 from .lockfree import CounterChild, FastCounter, FastHistogram, HistogramChild
-from .outcome import ITL_BUCKETS, Outcome
+from .outcome import ITL_BUCKETS, NONE, Outcome
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 # OpenTelemetry GenAI semantic conventions: the explicit bucket boundaries they recommend.
@@ -28,6 +28,8 @@ GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0
 GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960)
+# |expected - reported| cached tokens: 0 is an exact prediction; engine blocks are 1-128 tokens
+PREDICTION_ERROR_BUCKETS = (0, 1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
 @dataclass(slots=True)
@@ -135,8 +137,15 @@ class Recorder:
             "gen_ai_client_token_usage", "GenAI semconv: tokens per request by gen_ai_token_type (input/output).",
             (*genai, "gen_ai_token_type"), GENAI_TOKEN_BUCKETS,
         )
+        self.prediction_error = histogram(
+            "gateway_prefix_prediction_error_tokens",
+            "|cached tokens routing expected - cached tokens the engine reported| per response, by the prefix "
+            "index that predicted (source = exact: the engine's KV events; approximate: what the gateway sent).",
+            ("backend", "runtime", "source"), PREDICTION_ERROR_BUCKETS,
+        )
         registry.register(_PoolCollector(pool))
         self._series: dict[tuple[str, str, str], _Series] = {}
+        self._prediction: dict[tuple[str, str, str], HistogramChild] = {}
 
     def _series_for(self, key: tuple[str, str, str]) -> _Series:
         series = self._series.get(key)
@@ -193,6 +202,13 @@ class Recorder:
             s.itl.merge(o.gaps.buckets, o.gaps.sum)
         if o.sla is not None:
             self.sla.labels(o.backend, o.runtime, o.sla).inc()
+        expected = o.expected_cached_tokens
+        if expected is not None and usage is not None and usage.cached_tokens is not None and not o.usage_estimated:
+            pkey = (o.backend, o.runtime, o.prediction or NONE)
+            child = self._prediction.get(pkey)
+            if child is None:
+                child = self._prediction[pkey] = self.prediction_error.labels(*pkey)
+            child.observe(abs(expected - usage.cached_tokens))
         for observe in self.observers:
             observe(o)
 

@@ -74,3 +74,7 @@ class Outcome:
     usage_estimated: bool = False
     # seconds from the first to the last generated token (the span output tokens are attributed to)
     generation_s: float | None = None
+    # the cached tokens routing expected on the backend (`x-gateway-expected-cached-tokens`) and
+    # which prefix index said so ("exact": the engine's KV events, "approximate": what was sent)
+    expected_cached_tokens: int | None = None
+    prediction: str | None = None

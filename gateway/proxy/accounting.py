@@ -82,7 +82,9 @@ class Accounting:
             usage = Usage(prompt_tokens=ex.features.prompt_tokens, completion_tokens=stream.tokens if stream else 0)
             estimated = True
         state = ex.last
+        expected = prediction = None
         if ex.ticket is not None:  # the attempt that got a response: close its ticket exactly once
+            expected, prediction = ex.ticket.expected_tokens, ex.ticket.source
             if ex.status in RESPONSE_STARTED:
                 self._routing.completed(
                     ex.ticket,
@@ -111,6 +113,8 @@ class Accounting:
             finished_at=now,
             usage_estimated=estimated,
             generation_s=generation,
+            expected_cached_tokens=expected,
+            prediction=prediction,
         )
         self._recorder.record(outcome)
         if ex.key is not None and self._charge_key is not None:

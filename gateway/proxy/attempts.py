@@ -195,7 +195,7 @@ class Attempts:
                 )
                 ex.engine_worked = resp.status < 400
                 if resp.status >= 400:
-                    self._upstream_error(state, resp.status, await resp.read())
+                    self._upstream_error(state, resp.status, await resp.read(), ex)
                 first = await resp.readany() if stream else await resp.read()
         except BaseException as failure:  # incl. cancellation: every dispatched ticket is closed once
             if resp is not None:
@@ -216,13 +216,13 @@ class Attempts:
             self._routing.first_token(ex.ticket, self._clock() - ex.sent_at)
         return Opened(state, resp, first)
 
-    def _upstream_error(self, state: BackendState, status: int, body: bytes) -> None:
+    def _upstream_error(self, state: BackendState, status: int, body: bytes, ex: Exchange) -> None:
         error = state.adapter.normalise_error(status, body)
         if status in (429, 503):
             raise BackendOverloaded(state.name, status, error)
         if status >= 500:
             self._accounting.judge(self._pool, state, ok=False, detail=f"status {status}")
-        raise UpstreamError(
-            status, error,
-            headers={"x-gateway-backend": state.name, "x-gateway-runtime": state.runtime},
-        )
+        headers = {"x-gateway-backend": state.name, "x-gateway-runtime": state.runtime}
+        if ex.ticket is not None:
+            headers["x-gateway-expected-cached-tokens"] = str(ex.ticket.expected_tokens)
+        raise UpstreamError(status, error, headers=headers)

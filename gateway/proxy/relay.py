@@ -41,6 +41,8 @@ def response_headers(state: BackendState, ex: Exchange, content_type: str) -> di
     }
     if ex.arm is not None:
         headers["x-gateway-arm"] = ex.arm
+    if ex.ticket is not None:  # what routing expected the engine to serve from its prefix cache
+        headers["x-gateway-expected-cached-tokens"] = str(ex.ticket.expected_tokens)
     return headers
 
 

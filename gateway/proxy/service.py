@@ -22,6 +22,7 @@ from ..routing.features import api_key_digest
 from ..settings import Settings
 from ..state.pool import Pool
 from ..state.splits import Splits
+from ..tokenize import PromptTokenizer
 from .accounting import Accounting
 from .attempts import Attempts
 from .deadlines import Deadlines
@@ -48,17 +49,21 @@ class Proxy:
         throughput: Callable[[str], float | None] | None = None,
         routing: RoutingState | None = None,
         splits: Splits | None = None,
+        tokenizers: Mapping[str, PromptTokenizer] | None = None,
     ) -> None:
         """`throughput(backend)` gives measured output tokens/s (for the cost policy); `routing` (the
-        routing memory) and `splits` (live A/B weights) are passed in so that they survive reloads."""
+        routing memory) and `splits` (live A/B weights) are passed in so that they survive reloads;
+        `tokenizers` are the routes' tokenizers by route model (`tokenize.resolve_tokenizers`)."""
         self.pool = pool
         self._recorder = recorder
         self._clock = clock
         self._wall_clock = wall_clock
         self._rng = rng
         splits = splits if splits is not None else Splits()
+        tokenizers = tokenizers or {}
         self._routes = {
-            r.model: RouteState(r, POLICIES[r.policy], splits.for_route(r) if r.split is not None else None)
+            r.model: RouteState(r, POLICIES[r.policy], splits.for_route(r) if r.split is not None else None,
+                                tokenizer=tokenizers.get(r.model))
             for r in settings.routes
         }
         self.routing = routing if routing is not None else RoutingState()
@@ -100,8 +105,11 @@ class Proxy:
                 f"The model `{parsed.model}` does not exist. Available models: {', '.join(visible)}.", param="model"
             )
         ex.model = parsed.model
+        tokenizer = self._routes[parsed.model].tokenizer
+        request = parsed.request.body
+        tokens = tokenizer.prompt(request, ex.endpoint) if tokenizer is not None else None
         try:
-            ex.features = describe(parsed.request.body, ex.endpoint, headers)
+            ex.features = describe(request, ex.endpoint, headers, tokens=tokens)
         except BadRoutingHeader as bad:
             raise InvalidRequest(str(bad), param=bad.header) from bad
 

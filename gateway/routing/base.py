@@ -19,6 +19,7 @@ from backends.values import value
 
 if TYPE_CHECKING:
     from .latency import LatencyModel
+    from .tokens import TokenPrompt
 
 CHARS_PER_TOKEN = 4  # the char-based token approximation (no tokenizer in the gateway)
 UNIT_TOKENS = 16  # the base hashing block; coarser engine blocks are whole multiples of it
@@ -63,6 +64,8 @@ class RequestFeatures:
     session_key: str | None = None
     sticky_key: str | None = None  # for A/B arms: session, else the body's `user`
     sla: SlaTarget | None = None
+    # the engine's prompt token ids, when the route has a tokenizer (then `prompt_tokens` counts them)
+    tokens: TokenPrompt | None = None
 
 
 NO_FEATURES = RequestFeatures()
@@ -90,16 +93,26 @@ class BackendView:
 
 
 class PrefixLookup(Protocol):
-    """Read-only view of a prefix index."""
+    """Read-only view of what the backends hold in their prefix caches."""
 
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
         """How many leading blocks of `chain` (at `stride` base units per block) `backend` is
-        believed to hold."""
+        believed to hold, by the approximate index (what the gateway sent)."""
         ...
 
-    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
-        """The expected cached prompt tokens of each of `views`: `match` at each view's engine
-        granularity (`stride_for(view.block_size)`), times the tokens per block."""
+    def hits(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[int]:
+        """The expected cached prompt tokens of each of `views` for this request: exact where the
+        backend's KV events are live and the request has tokens, else the approximate index's
+        `match` at the view's engine granularity (in the engine's tokens when the request has
+        them, else in estimated tokens)."""
+        ...
+
+
+class EngineCaches(Protocol):
+    """The engines' own prefix caches, built from their KV events (`gateway/kvcache`)."""
+
+    def overlay(self, prompt: TokenPrompt, views: Sequence[BackendView], hits: list[int]) -> None:
+        """Replace `hits[i]` by the exact expected cached tokens of each backend whose events are live."""
         ...
 
 
@@ -109,7 +122,7 @@ class _NoPrefixes:
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
         return 0
 
-    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
+    def hits(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[int]:
         return [0] * len(views)
 
 

@@ -27,6 +27,7 @@ from backends.chat_templates import render
 from .. import json_codec
 from .base import CHARS_PER_TOKEN, UNIT_CHARS, RequestFeatures, SlaTarget
 from .hashing import chain_hashes, stable_hash
+from .tokens import TokenPrompt
 
 SLA_TTFT = "x-sla-ttft-ms"
 SLA_TPOT = "x-sla-tpot-ms"
@@ -108,13 +109,16 @@ def describe(
     *,
     template: str = "chatml",
     key_units: int = 1,
+    tokens: TokenPrompt | None = None,
 ) -> RequestFeatures:
     """The routing features of one request. Pure; raises BadRoutingHeader for unreadable hints.
 
     `key_units` is how many 16-token units of the prompt form the inferred rendezvous key (the
     FIRST block by default); raise it when many tenants share a long boilerplate opening.
+    `tokens` are the engine's prompt tokens when the route has a tokenizer: they then count the
+    prompt and let routing use the engines' exact caches (the byte chain stays the fallback).
     """
-    data, tokens = _prompt_bytes(body, endpoint, template)
+    data, estimate = _prompt_bytes(body, endpoint, template)
     prefix_key = headers.get(PREFIX_KEY) or None
     session = headers.get(SESSION) or None
     seed = stable_hash("p:" + prefix_key) if prefix_key else 0
@@ -137,10 +141,11 @@ def describe(
     return RequestFeatures(
         chain=chain,
         prompt_bytes=len(data),
-        prompt_tokens=tokens,
+        prompt_tokens=estimate if tokens is None else tokens.count,
         affinity_key=key,
         prefix_key=prefix_key,
         session_key=session,
         sticky_key=sticky,
         sla=_sla(headers),
+        tokens=tokens,
     )

@@ -47,7 +47,7 @@ class LoadBounded:
 
 
 def hit_tokens(snapshot: Snapshot, features: RequestFeatures, view: BackendView) -> int:
-    """Prompt tokens the prefix index expects `view` to serve from its cache."""
+    """Prompt tokens the approximate prefix index expects `view` to serve from its cache."""
     if not features.chain:
         return 0
     stride = stride_for(view.block_size)
@@ -55,11 +55,11 @@ def hit_tokens(snapshot: Snapshot, features: RequestFeatures, view: BackendView)
 
 
 def hits_for(snapshot: Snapshot, features: RequestFeatures, candidates: Sequence[BackendView]) -> list[int]:
-    """`hit_tokens` for every candidate, in one call (this runs on every decision)."""
-    chain = features.chain
-    if not chain:
+    """The expected cached prompt tokens of every candidate, in one call (this runs on every
+    decision): exact where the backend's KV events are live, else the approximate index's."""
+    if not features.chain and features.tokens is None:
         return [0] * len(candidates)
-    return snapshot.prefix.hits(chain, candidates)
+    return snapshot.prefix.hits(features, candidates)
 
 
 def cost_per_output_token(view: BackendView) -> float | None:

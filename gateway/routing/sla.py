@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from backends.values import value
 
 from .affinity import PrefixAffinity
-from .base import UNIT_TOKENS, BackendView, Decision, Policy, RouteRequest, SlaTarget, Snapshot
+from .base import UNIT_TOKENS, BackendView, Decision, Policy, RequestFeatures, RouteRequest, SlaTarget, Snapshot
 from .scoring import Prediction, argmin, cost_rank, hits_for, predict
 
 MAX_RETRY_AFTER_S = 60.0
@@ -131,7 +131,7 @@ class _Known:
                 return hit // (stride * UNIT_TOKENS)
         return 0
 
-    def hits(self, chain: tuple[int, ...], views: Sequence[BackendView]) -> list[int]:
+    def hits(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[int]:
         if views is self._views:  # the narrowed snapshot's own candidates: the common case
             return list(self._hits)
         by_name = {v.name: h for v, h in zip(self._views, self._hits, strict=True)}

@@ -4,16 +4,41 @@ This is the only mutable routing state. It lives in the proxy (one per gateway p
 policies through `snapshot()`, and is updated with explicit values at four points of a request:
 `dispatched` (a backend was chosen and the request sent), `first_token`, `completed`, `failed`.
 It never reads a clock: durations come in as arguments.
+
+With the engines' KV events (`gateway/kvcache`, passed in as `engines`), the snapshot's prefix
+lookup is exact for the backends whose events are live, and every dispatch records what was
+expected (the ticket's `expected_tokens`, sent back as `x-gateway-expected-cached-tokens`) so the
+engine's report can be compared with it. The approximate index is fed either way: it is the
+fallback whenever a backend's events stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from .base import BackendView, RequestFeatures, Snapshot
+from .base import CHARS_PER_TOKEN, BackendView, EngineCaches, RequestFeatures, Snapshot
 from .latency import LatencyEstimator, LatencyModel
 from .prefix_index import DEFAULT_CAPACITY, PrefixIndex, Sent
+from .tokens import TokenPrompt
+
+EXACT = "exact"
+APPROXIMATE = "approximate"
+
+
+class EngineFeedback(EngineCaches, Protocol):
+    """What the routing memory asks of the engines' caches around one request."""
+
+    def predict(self, backend: str, prompt: TokenPrompt) -> tuple[int | None, bool, int]:
+        """(the backend's event-built index's expected cached tokens, None when it has none;
+        whether that index is live; the backend's event counter, for silence evidence)."""
+        ...
+
+    def observe(self, backend: str, prompt: TokenPrompt | None, *, predicted: int | None,
+                cached_tokens: int | None, prompt_tokens: int | None, counter: int) -> None:
+        """The engine's usage for a request predicted at dispatch."""
+        ...
 
 
 @dataclass(slots=True)
@@ -25,10 +50,49 @@ class Ticket:
     ahead_tokens: float  # uncached prefill this gateway had queued on the backend before this one
     running: float  # the backend's batch when we sent (engine-reported, else our in-flight count)
     prefilled: bool = False
+    expected_tokens: int = 0  # the cached tokens routing expected on this backend
+    source: str = APPROXIMATE  # which index said so
+    exact_tokens: int | None = None  # the event-built index's prediction, live or not
+    prompt: TokenPrompt | None = None
+    counter: int = 0
 
     @property
     def backend(self) -> str:
         return self.sent.backend
+
+
+def scaled(hit: int, features: RequestFeatures) -> int:
+    """An approximate-index hit (estimated tokens of 4 characters) in the request's engine tokens."""
+    tokens = features.tokens
+    if tokens is None or hit <= 0 or not features.prompt_bytes:
+        return hit
+    return min(hit * CHARS_PER_TOKEN * tokens.count // features.prompt_bytes, tokens.cacheable)
+
+
+class PrefixView:
+    """The snapshot's prefix lookup: the approximate index, overlaid with the engines' caches."""
+
+    __slots__ = ("engines", "index")
+
+    def __init__(self, index: PrefixIndex, engines: EngineCaches | None) -> None:
+        self.index = index
+        self.engines = engines
+
+    def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
+        return self.index.match(backend, chain, stride)
+
+    def hits(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[int]:
+        chain = features.chain
+        out = self.index.hits(chain, views) if chain else [0] * len(views)
+        tokens = features.tokens
+        if tokens is not None:
+            if features.prompt_bytes and max(out) > 0:
+                ratio_num, ratio_den = CHARS_PER_TOKEN * tokens.count, features.prompt_bytes
+                cap = tokens.cacheable
+                out = [min(h * ratio_num // ratio_den, cap) for h in out]
+            if self.engines is not None:
+                self.engines.overlay(tokens, views, out)
+        return out
 
 
 class _Models(Mapping[str, LatencyModel]):
@@ -66,9 +130,12 @@ class _Models(Mapping[str, LatencyModel]):
 class RoutingState:
     """Prefix index and latency estimators, with the request-lifecycle hooks the proxy calls."""
 
-    def __init__(self, *, capacity: int = DEFAULT_CAPACITY, alpha: float = 0.2) -> None:
+    def __init__(self, *, capacity: int = DEFAULT_CAPACITY, alpha: float = 0.2,
+                 engines: EngineFeedback | None = None) -> None:
         self.index = PrefixIndex(capacity=capacity)
         self.alpha = alpha
+        self.engines = engines
+        self._view = PrefixView(self.index, engines)
         self._estimators: dict[str, LatencyEstimator] = {}
         self._models = _Models(self._estimators)
 
@@ -106,16 +173,24 @@ class RoutingState:
 
     def snapshot(self, base: Snapshot) -> Snapshot:
         """`base` (the pool's views) with this state's prefix index and latency models attached."""
-        return Snapshot(base.backends, self.index, self.latency)
+        return Snapshot(base.backends, self._view, self.latency)
 
     def dispatched(self, view: BackendView, features: RequestFeatures) -> Ticket:
         """The request is being sent to `view`'s backend (call right before sending)."""
         sent = self.index.record(view.name, features, block_size=view.block_size)
-        uncached = float(max(features.prompt_tokens - sent.predicted_tokens, 0))
+        expected = scaled(sent.predicted_tokens, features)
+        source, exact, counter = APPROXIMATE, None, 0
+        tokens = features.tokens
+        if tokens is not None and self.engines is not None:
+            exact, live, counter = self.engines.predict(view.name, tokens)
+            if live and exact is not None:
+                expected, source = exact, EXACT
+        uncached = float(max(features.prompt_tokens - expected, 0))
         ahead = self.estimator(view.name).dispatched(uncached)
         self._publish(view.name)
         running = view.running if view.running is not None else float(view.in_flight)
-        return Ticket(sent, uncached, ahead, running)
+        return Ticket(sent, uncached, ahead, running, expected_tokens=expected, source=source, exact_tokens=exact,
+                      prompt=tokens, counter=counter)
 
     def first_token(self, ticket: Ticket, ttft_s: float | None) -> None:
         """The first token arrived after `ttft_s` (None when unmeasured, e.g. non-streaming)."""
@@ -139,6 +214,9 @@ class RoutingState:
         """The response ended: correct the index with the engine's usage, learn the mean ITL."""
         self.first_token(ticket, None)
         self.index.observe(ticket.sent, cached_tokens=cached_tokens, prompt_tokens=prompt_tokens)
+        if self.engines is not None and ticket.prompt is not None:
+            self.engines.observe(ticket.backend, ticket.prompt, predicted=ticket.exact_tokens,
+                                 cached_tokens=cached_tokens, prompt_tokens=prompt_tokens, counter=ticket.counter)
         if itl_s is not None:
             self.observe(ticket.backend, running=ticket.running + 1, itl_s=itl_s)
 

@@ -47,16 +47,16 @@ class Reloader:
         if self._path is None:
             raise ReloadRejected(["<config>: started without --config (demo fleet): nothing to reload"])
         async with self._lock:
+            old = self._generations.current
             try:
                 settings = load_settings(self._path)
                 secrets = resolve_secrets(settings, source=str(self._path))
+                new = self._build(settings, secrets, old.number + 1)  # ConfigError: e.g. a tokenizer not found
             except ConfigError as exc:
                 log.warning("config reload rejected: %s", "; ".join(exc.errors))
                 raise ReloadRejected(exc.errors) from None
             except OSError as exc:
                 raise ReloadRejected([f"<file>: cannot read {self._path}: {type(exc).__name__}"]) from None
-            old = self._generations.current
-            new = self._build(settings, secrets, old.number + 1)
             await new.poller.poll_once()
             new.start()
             self._generations.install(new)
