@@ -24,7 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.base import Runtime
-from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emulator
+from backends.emulator import EmulatorConfig, Faults, KvEventsConfig, RunningEmulator, start_emulator
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,12 +56,14 @@ class Emulators:
 
     def start(
         self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
-        **faults: Any,
+        kv_events: KvEventsConfig | None = None, block_size: int | None = None, num_kv_blocks: int | None = None,
+        port: int = 0, **faults: Any,
     ) -> RunningEmulator:
         cfg = EmulatorConfig(
-            runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults)
+            runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults),
+            kv_events=kv_events, block_size=block_size, num_kv_blocks=num_kv_blocks,
         )
-        emu = self._loop.run(start_emulator(cfg, host="127.0.0.1", port=0))
+        emu = self._loop.run(start_emulator(cfg, host="127.0.0.1", port=port))
         self._running.append(emu)
         return emu
 
