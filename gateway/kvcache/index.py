@@ -166,25 +166,19 @@ class RankIndex:
             return 0
         if bs >= 16 or 16 % bs:
             return self.run(prompt.keys(bs)) * bs
+        if self.orphans:  # holes may hide between 16-token keys: walk page by page from the start
+            return self.run(prompt.keys(bs)) * bs
         coarse = prompt.keys(16)
         blocks = self.run(coarse)
         return self._refine(prompt, blocks * 16, coarse[blocks - 1] if blocks else ROOT_KEY)
 
     def _refine(self, prompt: TokenPrompt, tokens: int, base: int) -> int:
-        """Extend a hit of `tokens` (key `base`) by the resident pages among the next 15 tokens:
-        binary search when the set is prefix-closed, else page by page."""
+        """Extend a hit of `tokens` (key `base`) by the resident pages among the next 15 tokens, by
+        binary search (the set is prefix-closed here)."""
         bs = self.block_size or 1
         resident = self.parent
         pages = min(16 // bs - 1, (prompt.cacheable - tokens) // bs)
         if pages <= 0:
-            return tokens
-        if self.orphans:
-            key = base
-            for _ in range(pages):
-                key = prompt.key_at(key, tokens, bs)
-                if key not in resident:
-                    break
-                tokens += bs
             return tokens
         lo, hi = 0, pages  # `lo` pages are resident; more than `hi` are not
         while lo < hi:

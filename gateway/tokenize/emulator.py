@@ -4,8 +4,12 @@ The emulated runtimes do not run a model tokenizer: they render chat messages wi
 ChatML-like template and split text into word-ish pieces of at most four characters, each id a
 stable hash. Routing predictions against emulators are exact only when the gateway tokenizes the
 same way, so this is exposed as a tokenizer spec rather than asking each emulator (`/tokenize`
-would cost a round trip per request and does not exist on trtllm-serve). Pieces never span a
-special token, so segments between specials are tokenized once and cached, as for real tokenizers.
+would cost a round trip per request and does not exist on trtllm-serve).
+
+The emulator's piece pattern runs over the whole prompt, and a piece can swallow the `<` of a
+special token after a space (" <"), so prompts are not split at every special token. They are split
+where a message starts (`\n<|im_start|>`): a newline is always a piece of its own, so the whole
+prompt's pieces break there too. Each message is tokenized once and cached.
 """
 
 from __future__ import annotations
@@ -21,8 +25,7 @@ from ..routing.tokens import TokenPrompt, pack
 from .prompt import SEGMENT_CACHE_BYTES, Lru, first_prompt, token_list
 
 NAME = "emulator"
-_SPECIALS = re.compile(r"(<\|im_start\|>|<\|im_end\|>)")
-_SPECIAL_IDS = {"<|im_start|>": pack([emu.IM_START]), "<|im_end|>": pack([emu.IM_END])}
+_MESSAGE_STARTS = re.compile(r"(?<=\n)(?=<\|im_start\|>)")
 
 
 class EmulatorPromptTokenizer:
@@ -34,12 +37,8 @@ class EmulatorPromptTokenizer:
     def encode(self, text: str) -> bytes:
         out: list[bytes] = []
         segments = self.segments
-        for piece in _SPECIALS.split(text):
+        for piece in _MESSAGE_STARTS.split(text):
             if not piece:
-                continue
-            special = _SPECIAL_IDS.get(piece)
-            if special is not None:
-                out.append(special)
                 continue
             got = segments.get(piece)
             if got is None:

@@ -17,6 +17,7 @@ survive. A spec that cannot be loaded raises `TokenizerError` naming what is mis
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,22 @@ def resolve(spec: str) -> Path:
     except ImportError as exc:  # pragma: no cover - a dependency of tokenizers
         raise TokenizerError(f"{spec}: huggingface_hub is not installed") from exc
     try:
-        found = Path(snapshot_download(spec, local_files_only=True,
+        found = Path(snapshot_download(spec, local_files_only=True, cache_dir=hf_cache_dir(),
                                        allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.*"]))
     except (LocalEntryNotFoundError, OSError, ValueError) as exc:
         raise TokenizerError(f"{spec}: not in the local Hugging Face cache (nothing is downloaded): {exc}") from exc
     if not (found / "tokenizer.json").is_file():
         raise TokenizerError(f"{spec}: the cached snapshot {found} has no tokenizer.json")
     return found
+
+
+def hf_cache_dir() -> str | None:
+    """The Hugging Face hub cache, read from the environment now (the library reads it at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
+    return None
 
 
 def chat_template_source(directory: Path, config: dict[str, Any]) -> str | None:
