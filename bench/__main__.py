@@ -15,6 +15,8 @@ COMMANDS = {
     "soak": ("bench.soak", "minutes of mixed load with faults: errors by cause, gateway RSS over time"),
     "routing": ("bench.routing", "routing quality of every policy over emulated fleets (--quick: < 3 min)"),
     "real-vllm": ("bench.real_vllm", "round_robin vs prefix_affinity on two real vLLM CPU servers"),
+    "multiturn": ("bench.multiturn", "multi-turn prefix reuse vs one infinite cache: prefix_affinity (today's, "
+                  "this tree, with KV events) and sglang-router's cache_aware"),
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
 }
 

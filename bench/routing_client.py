@@ -38,6 +38,7 @@ class Result:
     sla_ttft_s: float | None = None  # the request's TTFT target (simulated seconds), if any
     late_s: float = 0.0  # how late the client fired it compared with its schedule
     error: str = ""
+    expected_cached: int | None = None  # the gateway's x-gateway-expected-cached-tokens
 
 
 def body_of(req: TimedRequest, model: str) -> bytes:
@@ -62,6 +63,8 @@ async def stream_one(http: aiohttp.ClientSession, url: str, req: TimedRequest, i
             res.backend = resp.headers.get("x-gateway-backend", "")
             res.arm = resp.headers.get("x-gateway-arm", "")
             res.reason = resp.headers.get("x-gateway-route-reason", "")
+            expected = resp.headers.get("x-gateway-expected-cached-tokens")
+            res.expected_cached = int(expected) if expected is not None else None
             if resp.status != 200:
                 res.error = (await resp.text())[:200]
                 return res

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from backends.base import Runtime
-from backends.emulator import PROFILES, EmulatorConfig, start_emulator
+from backends.emulator import PROFILES, EmulatorConfig, KvEventsConfig, start_emulator
 from backends.emulator.profiles import EngineParams, Profile
 
 
@@ -33,10 +33,11 @@ class BackendSpec:
     speed: float = 10.0
     kv_tokens: int | None = None  # None: the profile's KV capacity
     slow: float = 1.0  # multiplies every iteration cost term (and divides the prefill rate)
+    kv_events: str | None = None  # publish KV-cache events to this endpoint (the engine connects to it)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "profile": self.profile, "runtime": self.runtime, "speed": self.speed,
-                "kv_tokens": self.kv_tokens, "slow": self.slow}
+                "kv_tokens": self.kv_tokens, "slow": self.slow, "kv_events": self.kv_events}
 
 
 def derive(params: EngineParams, *, kv_tokens: int | None, slow: float) -> EngineParams:
@@ -69,8 +70,9 @@ async def _main(specs: list[BackendSpec]) -> None:
     emus = []
     try:
         for i, s in enumerate(specs):
+            kv = KvEventsConfig(endpoint=s.kv_events) if s.kv_events else None
             cfg = EmulatorConfig(runtime=Runtime(s.runtime), model="moe-model", profile=register(s), speed=s.speed,
-                                 max_model_len=131072, seed=i)
+                                 max_model_len=131072, seed=i, kv_events=kv)
             emu = await start_emulator(cfg, host="127.0.0.1", port=0)
             emu.name = s.name
             emus.append(emu)

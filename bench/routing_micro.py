@@ -43,6 +43,8 @@ CASES = {
     "miss": "a prefix nobody holds (rendezvous placement)",
     "hit+sla": "'hit' with x-sla-ttft-ms and x-sla-tpot-ms (SLA screen of all 16 first)",
     "hot+sla": "'hot-all' with both SLA headers: the worst case",
+    "...+events": "the same with the request's token ids and all 16 backends' KV events live (exact hits from "
+                  "each backend's event-built index, which holds the same 10k prompts' blocks)",
 }
 
 
@@ -72,13 +74,35 @@ def _measure(fn: Callable[[], object], iterations: int) -> tuple[float, float]:
     return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
 
 
+def _engine_holds(caches: Any, backend: str, body: dict[str, object], block_size: int, tokenizer: Any) -> None:
+    """`backend`'s engine published that it stored `body`'s prompt (all its full blocks)."""
+    from backends.base import Endpoint
+    from gateway.kvcache.events import Batch, Stored
+    from gateway.routing.tokens import TokenPrompt
+
+    prompt = tokenizer.prompt(body, Endpoint.CHAT)
+    ids = prompt.ids()
+    n = len(ids) // block_size
+    keys = TokenPrompt([*ids, 0]).keys(block_size)[:n]  # the engine's own hashes: any distinct ints do
+    cache = caches.add(backend)
+    seq = cache.ranks[0].next_seq if cache.ranks else 0
+    cache.receive(Batch(seq, 0.0, 0, (Stored(keys, None, tuple(ids[: n * block_size]), block_size),)), 0.0)
+
+
 def run_once(iterations: int) -> dict[str, Any]:
     """One measurement in this process: {name: [median_us, p99_us]} plus the setup it measured."""
     from backends.base import Endpoint, Runtime
     from gateway.routing import POLICIES, BackendView, RouteRequest, RoutingState, Snapshot, decide, describe
 
+    try:  # a checkout without KV events (`--baseline-tree`) measures the cases it has
+        from gateway.kvcache import KvCaches
+        from gateway.tokenize import load
+    except ImportError:
+        KvCaches = None  # type: ignore[misc,assignment]
     rng = random.Random(0)
-    state = RoutingState(capacity=100_000)
+    caches = KvCaches(clock=lambda: 0.0) if KvCaches is not None else None
+    tokenizer = load("emulator") if caches is not None else None
+    state = RoutingState(capacity=100_000, engines=caches) if caches is not None else RoutingState(capacity=100_000)
 
     def make_views() -> tuple[BackendView, ...]:
         r = random.Random(1)
@@ -101,8 +125,11 @@ def run_once(iterations: int) -> dict[str, Any]:
     tenants = [_text(rng, 3000) for _ in range(200)]
     # 10k distinct cached prompts spread over the backends (each ~64 blocks deep).
     for n in range(PREFIXES):
-        feats = describe(_body(tenants[n % len(tenants)], _text(rng, 1000)), Endpoint.CHAT, {})
+        body = _body(tenants[n % len(tenants)], _text(rng, 1000))
+        feats = describe(body, Endpoint.CHAT, {})
         view = views[n % BACKENDS]
+        if caches is not None:
+            _engine_holds(caches, view.name, body, view.block_size or 16, tokenizer)
         ticket = state.dispatched(view, feats)
         state.completed(ticket, cached_tokens=None, prompt_tokens=None, itl_s=0.02)
         state.first_token(ticket, 0.1)
@@ -112,7 +139,10 @@ def run_once(iterations: int) -> dict[str, Any]:
     # Worst case: one hot tenant whose 3k-char prefix every backend holds (spilled everywhere).
     hot_tenant = tenants[0]
     for view in views:
-        state.dispatched(view, describe(_body(hot_tenant, _text(rng, 1000)), Endpoint.CHAT, {}))
+        body = _body(hot_tenant, _text(rng, 1000))
+        if caches is not None:
+            _engine_holds(caches, view.name, body, view.block_size or 16, tokenizer)
+        state.dispatched(view, describe(body, Endpoint.CHAT, {}))
     snap = state.snapshot(Snapshot(views))
     out: dict[str, Any] = {"entries_per_backend": state.index.size("b00"), "timings": {}}
     timings: dict[str, list[float]] = out["timings"]
@@ -132,6 +162,33 @@ def run_once(iterations: int) -> dict[str, Any]:
         "hit+sla": describe(hit_body, Endpoint.CHAT, sla_headers),
         "hot+sla": describe(hot_body, Endpoint.CHAT, sla_headers),
     }
+    if caches is not None and tokenizer is not None:
+        names = [v.name for v in views]
+
+        def tokenize(body: dict[str, object]) -> object:
+            """What the proxy adds per request with a tokenizer: the token ids and their block keys."""
+            prompt = tokenizer.prompt(body, Endpoint.CHAT)
+            state.prepare(describe(body, Endpoint.CHAT, {}, tokens=prompt), names)
+            return prompt
+
+        for label, body in (("hit", hit_body), ("miss", miss_body)):
+            timings[f"tokenize+keys {label} (segments cached)"] = list(
+                _measure(lambda b=body: tokenize(b), iterations // 4))  # type: ignore[misc]
+        fresh = [_body(tenants[3], _text(rng, PROMPT_CHARS - 3000)) for _ in range(iterations // 8)]
+        it = iter(fresh)
+        timings["tokenize+keys new question (one new segment)"] = list(
+            _measure(lambda: tokenize(next(it)), len(fresh)))
+        with_tokens = {}
+        for label, body, headers in (("hit", hit_body, {}), ("hot-all", hot_body, {}), ("miss", miss_body, {}),
+                                     ("hit+sla", hit_body, sla_headers), ("hot+sla", hot_body, sla_headers)):
+            prompt = tokenizer.prompt(body, Endpoint.CHAT)
+            feats = describe(body, Endpoint.CHAT, headers, tokens=prompt)
+            state.prepare(feats, names)
+            with_tokens[f"{label}+events"] = feats
+        live = sum(1 for c in caches if c.live)
+        out["live_caches"] = live
+        out["blocks_per_cache"] = len(next(iter(caches)).ranks[0].index)
+        cases.update(with_tokens)
     for name, policy in POLICIES.items():
         for label, feats in cases.items():
             req = RouteRequest("m", 1, features=feats)

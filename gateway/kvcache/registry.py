@@ -67,6 +67,17 @@ class KvCaches:
             cache.observe(prompt, predicted=predicted, cached_tokens=cached_tokens, prompt_tokens=prompt_tokens,
                           counter_at_dispatch=counter, now=self.clock())
 
+    def prepare(self, prompt: TokenPrompt, backends: Sequence[str]) -> None:
+        sizes = set()
+        for name in backends:
+            cache = self._caches.get(name)
+            if cache is not None and cache.live:
+                bs = cache.block_size
+                if bs is not None:
+                    sizes.add(16 if bs < 16 and 16 % bs == 0 else bs)  # small pages search 16-token keys
+        for bs in sizes:
+            prompt.keys(bs)
+
     def tick(self) -> None:
         now = self.clock()
         for cache in self._caches.values():

@@ -112,6 +112,8 @@ class Proxy:
             ex.features = describe(request, ex.endpoint, headers, tokens=tokens)
         except BadRoutingHeader as bad:
             raise InvalidRequest(str(bad), param=bad.header) from bad
+        if tokens is not None:
+            self.routing.prepare(ex.features, self._routes[parsed.model].config.candidates)
 
     async def serve(self, ex: Exchange, headers: Mapping[str, str], sink: ResponseSink) -> None:
         """Serve a parsed request; the response goes to `sink`. GatewayErrors raised mean nothing was

@@ -107,6 +107,11 @@ class PrefixLookup(Protocol):
         them, else in estimated tokens)."""
         ...
 
+    def held(self, backend: str) -> int:
+        """How much this gateway has placed on `backend` that it believes still cached (blocks of
+        the approximate index): the long-run share of the content a backend was given."""
+        ...
+
 
 class EngineCaches(Protocol):
     """The engines' own prefix caches, built from their KV events (`gateway/kvcache`)."""
@@ -124,6 +129,9 @@ class _NoPrefixes:
 
     def hits(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[int]:
         return [0] * len(views)
+
+    def held(self, backend: str) -> int:
+        return 0
 
 
 NO_PREFIXES: PrefixLookup = _NoPrefixes()

@@ -26,7 +26,17 @@ from collections.abc import Sequence
 from backends.values import value
 
 from .affinity import PrefixAffinity
-from .base import UNIT_TOKENS, BackendView, Decision, Policy, RequestFeatures, RouteRequest, SlaTarget, Snapshot
+from .base import (
+    UNIT_TOKENS,
+    BackendView,
+    Decision,
+    Policy,
+    PrefixLookup,
+    RequestFeatures,
+    RouteRequest,
+    SlaTarget,
+    Snapshot,
+)
 from .scoring import Prediction, argmin, cost_rank, hits_for, predict
 
 MAX_RETRY_AFTER_S = 60.0
@@ -119,11 +129,15 @@ def screen(
 class _Known:
     """The screen's prefix answers, replayed to the inner policy (valid for this request only)."""
 
-    __slots__ = ("_hits", "_views")
+    __slots__ = ("_hits", "_inner", "_views")
 
-    def __init__(self, views: tuple[BackendView, ...], hits: list[int]) -> None:
+    def __init__(self, views: tuple[BackendView, ...], hits: list[int], inner: PrefixLookup) -> None:
         self._views = views
         self._hits = hits
+        self._inner = inner
+
+    def held(self, backend: str) -> int:
+        return self._inner.held(backend)
 
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
         for view, hit in zip(self._views, self._hits, strict=True):
@@ -217,6 +231,6 @@ def decide(
     pool = verdict.pool
     if pool:
         views = tuple([p.view for p in pool])
-        narrowed = Snapshot(views, _Known(views, [p.hit_tokens for p in pool]), snapshot.latency)
+        narrowed = Snapshot(views, _Known(views, [p.hit_tokens for p in pool], snapshot.prefix), snapshot.latency)
         return policy.choose(req, narrowed, rng)
     return miss(verdict, target)

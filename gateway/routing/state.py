@@ -40,6 +40,11 @@ class EngineFeedback(EngineCaches, Protocol):
         """The engine's usage for a request predicted at dispatch."""
         ...
 
+    def prepare(self, prompt: TokenPrompt, backends: Sequence[str]) -> None:
+        """Compute the block keys the backends' indexes will look `prompt` up by (once per request,
+        with its tokenization, so that routing decisions only look up)."""
+        ...
+
 
 @dataclass(slots=True)
 class Ticket:
@@ -70,7 +75,8 @@ def scaled(hit: int, features: RequestFeatures) -> int:
 
 
 class PrefixView:
-    """The snapshot's prefix lookup: the approximate index, overlaid with the engines' caches."""
+    """The snapshot's prefix lookup: the approximate index, overlaid with the engines' caches where
+    their events are live."""
 
     __slots__ = ("engines", "index")
 
@@ -91,8 +97,17 @@ class PrefixView:
                 cap = tokens.cacheable
                 out = [min(h * ratio_num // ratio_den, cap) for h in out]
             if self.engines is not None:
-                self.engines.overlay(tokens, views, out)
+                exact = list(out)
+                self.engines.overlay(tokens, views, exact)
+                # A prompt that no engine holds any of (evicted everywhere) keeps the approximate
+                # index's answer: where it was sent before is where its conversation and its
+                # tenant live, and placing it there keeps them together instead of scattering them.
+                if max(exact) > 0 or max(out) == 0:
+                    return exact
         return out
+
+    def held(self, backend: str) -> int:
+        return self.index.size(backend)
 
 
 class _Models(Mapping[str, LatencyModel]):
@@ -170,6 +185,11 @@ class RoutingState:
         if running is not None and itl_s is not None:
             est.observe_itl(running=running, itl_s=itl_s)
         self._publish(backend)
+
+    def prepare(self, features: RequestFeatures, backends: Sequence[str]) -> None:
+        """Once per request, before routing: precompute what the engines' caches will look up."""
+        if features.tokens is not None and self.engines is not None:
+            self.engines.prepare(features.tokens, backends)
 
     def snapshot(self, base: Snapshot) -> Snapshot:
         """`base` (the pool's views) with this state's prefix index and latency models attached."""

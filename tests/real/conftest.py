@@ -27,44 +27,33 @@ import yaml
 from .harness import (
     BACKEND_NAME,
     GATEWAY_STARTUP_TIMEOUT_S,
-    MAX_MODEL_LEN,
-    MODEL_DIR,
     ROOT,
     ROUTE_MODEL,
     SERVED_MODEL,
-    VLLM_PYTHON,
     VLLM_STARTUP_TIMEOUT_S,
+    KvEndpoints,
     ServerProcess,
     ensure_vllm_env,
     free_port,
+    vllm_argv,
+    vllm_env,
 )
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def vllm_kv() -> KvEndpoints:
+    """The session vLLM's KV events: published from its start (the KV-event tests bind and replay)."""
+    return KvEndpoints.fresh()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv: KvEndpoints) -> Iterator[ServerProcess]:
     ensure_vllm_env()
     workdir = tmp_path_factory.mktemp("vllm")
     port = free_port()
     extra = shlex.split(os.environ.get("IGW_VLLM_EXTRA_ARGS", "--enforce-eager"))
-    argv = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL_DIR),
-        "--served-model-name", SERVED_MODEL,
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        *extra,
-    ]  # fmt: skip
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")},
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=env, cwd=workdir)
+    argv = vllm_argv(port, *vllm_kv.vllm_flag(), *extra)
+    server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=vllm_env(), cwd=workdir)
     try:
         waited = server.wait_until_ok("/health", VLLM_STARTUP_TIMEOUT_S)
         print(f"[real] vLLM ready on {server.url} after {waited:.1f} s", file=sys.stderr)

@@ -7,6 +7,7 @@ worker goes with its API server.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -36,6 +37,52 @@ GATEWAY_STARTUP_TIMEOUT_S = 60.0
 SETUP_TIMEOUT_S = 480.0  # cold: ~110 s (pip ~100 s, model ~5 s)
 POLL_INTERVAL_S = 0.5
 STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class KvEndpoints:
+    """Where a vLLM server's KV-event publisher connects (the gateway binds it) and its replay socket."""
+
+    endpoint: str
+    replay: str
+
+    @classmethod
+    def fresh(cls) -> KvEndpoints:
+        return cls(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+
+    def vllm_flag(self) -> list[str]:
+        """`--kv-events-config`: vLLM connects its PUB to `endpoint` and binds its replay ROUTER."""
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.endpoint,
+                  "replay_endpoint": self.replay, "topic": "kv"}
+        return ["--kv-events-config", json.dumps(config)]
+
+    def gateway_entry(self) -> dict[str, object]:
+        return {"endpoint": self.endpoint, "bind": True, "replay_endpoint": self.replay, "topic": "kv"}
+
+
+def vllm_argv(port: int, *extra: str) -> list[str]:
+    """The real tier's vLLM command line (served as SERVED_MODEL, prefix caching and its usage on)."""
+    return [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(MODEL_DIR),
+        "--served-model-name", SERVED_MODEL,
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *extra,
+    ]  # fmt: skip
+
+
+def vllm_env() -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")},
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
 
 
 def free_port() -> int:
