@@ -60,6 +60,7 @@ NATIVE = [
     "gateway/routing/sla.py",
     "gateway/routing/split.py",
     "gateway/routing/state.py",
+    "gateway/routing/tokens.py",
     "gateway/state/generations.py",
     "gateway/state/outliers.py",
     "gateway/state/pool.py",

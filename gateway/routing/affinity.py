@@ -33,7 +33,16 @@ import random
 
 from .base import BackendView, Decision, RouteRequest, Snapshot
 from .hashing import hrw
-from .scoring import LoadBounded, argmin, by_rendezvous, hits_for, least_loaded, walk
+from .scoring import (
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_SLACK,
+    LoadBounded,
+    argmin,
+    by_rendezvous,
+    hits_for,
+    least_loaded,
+    walk,
+)
 
 DEFAULT_STICKINESS = 16.0
 DEFAULT_HOLDER_LOAD_FACTOR = 2.0
@@ -46,11 +55,10 @@ class PrefixAffinity(LoadBounded):
 
     name = "prefix_affinity"
 
-    def __init__(self, *, load_factor: float | None = None, slack: float | None = None,
+    def __init__(self, *, load_factor: float = DEFAULT_LOAD_FACTOR, slack: float = DEFAULT_SLACK,
                  stickiness: float = DEFAULT_STICKINESS, holder_load_factor: float = DEFAULT_HOLDER_LOAD_FACTOR,
                  holder_slack: float = DEFAULT_HOLDER_SLACK) -> None:
-        kw = {k: v for k, v in (("load_factor", load_factor), ("slack", slack)) if v is not None}
-        super().__init__(**kw)
+        super().__init__(load_factor=load_factor, slack=slack)
         if stickiness < 0:
             raise ValueError("stickiness must be at least 0")
         self.stickiness = stickiness
