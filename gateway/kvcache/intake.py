@@ -97,11 +97,15 @@ class ZmqIntake:
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
         self.sock.setsockopt(zmq.SUBSCRIBE, cfg.topic.encode())
         self.endpoints = [rank_endpoint(cfg.endpoint, r) for r in range(cfg.data_parallel_size)]
-        for ep in self.endpoints:
-            if cfg.bind:
-                self.sock.bind(ep)
-            else:
-                self.sock.connect(ep)
+        try:
+            for ep in self.endpoints:
+                if cfg.bind:
+                    self.sock.bind(ep)
+                else:
+                    self.sock.connect(ep)
+        except zmq.ZMQError:
+            self.sock.close(linger=0)  # an open socket would block the context's termination
+            raise
 
     async def run(self) -> None:
         cache = self.cache
@@ -229,7 +233,7 @@ class KvIntake:
             task.add_done_callback(_closer(intake))  # the socket closes once its reader is gone
             self._running[name] = _Running(self._spec(b), intake, task)
         self.caches.retain(wanted)
-        if self._ticker is None:
+        if self._ticker is None and self._running:
             self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="kv-events-tick")
 
     @staticmethod

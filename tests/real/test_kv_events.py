@@ -45,8 +45,9 @@ pytestmark = [pytest.mark.real, pytest.mark.timeout(1500)]
 SMALL = "vllm-small"
 SMALL_BLOCKS = 20  # 20 x 128 tokens: less than this module's prompts need, so it evicts
 ROUTE = "moe-kv"
-WORDS = ("the ship sailed over a quiet sea while sailors sang of home and the long way back to port "
-         "stars guided them past reefs and islands where birds and fish were many and the wind was kind").split()
+TEXT = ("the ship sailed over a quiet sea while sailors sang of home and the long way back to port "
+        "stars guided them past reefs and islands where birds and fish were many and the wind was kind")
+WORDS = tuple(TEXT.split(" "))
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +169,6 @@ def test_prediction_errors_are_exported(kv_gateway: ServerProcess) -> None:
             break
         time.sleep(0.2)
     assert 'gateway_kv_events_live{backend="vllm-small"} 1.0' in text_
-    assert 'gateway_prefix_prediction_error_tokens_bucket{backend="vllm-small",le="0.0",runtime="vllm",source="exact"}' \
-        in text_
+    exact = 'gateway_prefix_prediction_error_tokens_bucket{backend="vllm-small",le="0.0",runtime="vllm",source="exact"}'
+    assert exact in text_
     http.close()
