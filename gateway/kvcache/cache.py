@@ -69,6 +69,7 @@ class BackendCache:
         self.verify = verify
         self.silent_after_s = silent_after_s
         self.ranks: dict[int, Rank] = {}
+        self._indexes: list[RankIndex] = []  # the ranks' indexes, for `match`
         self.state = State.WAITING
         self.reason = "no events yet"
         self.changed_at: float | None = None
@@ -87,6 +88,7 @@ class BackendCache:
         got = self.ranks.get(rank)
         if got is None:
             got = self.ranks[rank] = Rank()
+            self._indexes.append(got.index)
         return got
 
     def _set(self, state: State, reason: str, now: float) -> None:
@@ -230,9 +232,12 @@ class BackendCache:
 
     def match(self, prompt: TokenPrompt) -> int:
         """Expected cached tokens: the best rank's hit."""
+        indexes = self._indexes
+        if len(indexes) == 1:
+            return indexes[0].match(prompt)
         best = 0
-        for r in self.ranks.values():
-            hit = r.index.match(prompt)
+        for index in indexes:
+            hit = index.match(prompt)
             if hit > best:
                 best = hit
         return best

@@ -134,43 +134,48 @@ class RankIndex:
 
     # --- lookups ----------------------------------------------------------------------------
 
-    def run(self, keys: tuple[int, ...]) -> int:
-        """How many leading `keys` are resident (see the module docstring)."""
-        resident = self.parent
-        n = len(keys)
-        if n == 0 or keys[0] not in resident:
-            return 0
-        if self.orphans:
-            i = 1
-            while i < n and keys[i] in resident:
-                i += 1
-            return i
-        if keys[n - 1] in resident:
-            return n
-        lo, hi = 1, n - 1  # keys[lo - 1] is resident, keys[hi] is not
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if keys[mid] in resident:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     def match(self, prompt: TokenPrompt) -> int:
         """Prompt tokens this rank would serve from its cache: whole blocks of the cacheable part.
 
         Blocks smaller than 16 tokens that divide 16 (SGLang pages) are searched at 16-token keys
-        first, which the engine holds too, then refined inside the next 16 tokens."""
+        first, which the engine holds too, then refined inside the next 16 tokens. This runs for
+        every live backend on every decision, so the common cases are answered inline: nothing
+        held (one probe), everything held (one probe), or the run the previous backend found for
+        this prompt (`TokenPrompt.hints`: holders of a hot prefix share it; two probes)."""
         bs = self.block_size
-        if bs is None or not self.parent:
+        resident = self.parent
+        if bs is None or not resident:
             return 0
-        if bs >= 16 or 16 % bs:
-            return self.run(prompt.keys(bs)) * bs
-        if self.orphans:  # holes may hide between 16-token keys: walk page by page from the start
-            return self.run(prompt.keys(bs)) * bs
-        coarse = prompt.keys(16)
-        blocks = self.run(coarse)
-        return self._refine(prompt, blocks * 16, coarse[blocks - 1] if blocks else ROOT_KEY)
+        orphans = self.orphans
+        small = bs < 16 and 16 % bs == 0 and not orphans  # with holes, small pages are walked one by one
+        unit = 16 if small else bs
+        keys = prompt.keys(unit)
+        n = len(keys)
+        if n == 0 or keys[0] not in resident:
+            run = 0
+        elif orphans:
+            run = 1
+            while run < n and keys[run] in resident:
+                run += 1
+        elif keys[n - 1] in resident:
+            run = n
+        else:
+            hints = prompt.hints
+            hint = hints.get(unit, 0)
+            if 0 < hint < n and keys[hint - 1] in resident and keys[hint] not in resident:
+                run = hint
+            else:
+                lo, hi = 1, n - 1  # keys[lo - 1] is resident, keys[hi] is not
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if keys[mid] in resident:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                run = hints[unit] = lo
+        if small:
+            return self._refine(prompt, run * 16, keys[run - 1] if run else ROOT_KEY)
+        return run * unit
 
     def _refine(self, prompt: TokenPrompt, tokens: int, base: int) -> int:
         """Extend a hit of `tokens` (key `base`) by the resident pages among the next 15 tokens, by

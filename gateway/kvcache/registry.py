@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..routing.base import BackendView
 from ..routing.tokens import TokenPrompt
-from .cache import BackendCache
+from .cache import BackendCache, State
 
 
 class KvCaches:
@@ -48,10 +48,11 @@ class KvCaches:
     # --- routing --------------------------------------------------------------------------
 
     def overlay(self, prompt: TokenPrompt, views: Sequence[BackendView], hits: list[int]) -> None:
-        caches = self._caches
+        get = self._caches.get
+        live = State.LIVE
         for i, view in enumerate(views):
-            cache = caches.get(view.name)
-            if cache is not None and cache.live:
+            cache = get(view.name)
+            if cache is not None and cache.state is live:
                 hits[i] = cache.match(prompt)
 
     def predict(self, backend: str, prompt: TokenPrompt) -> tuple[int | None, bool, int]:

@@ -88,23 +88,26 @@ class PrefixView:
         return self.index.match(backend, chain, stride)
 
     def hits(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[int]:
+        tokens = features.tokens
+        engines = self.engines
+        exact: list[int] | None = None
+        if tokens is not None and engines is not None:
+            exact = [-1] * len(views)  # -1: no live events for that backend
+            engines.overlay(tokens, views, exact)
+            if min(exact) >= 0 and max(exact) > 0:  # every candidate live, and one holds some of it
+                return exact
         chain = features.chain
         out = self.index.hits(chain, views) if chain else [0] * len(views)
-        tokens = features.tokens
-        if tokens is not None:
-            if features.prompt_bytes and max(out) > 0:
-                ratio_num, ratio_den = CHARS_PER_TOKEN * tokens.count, features.prompt_bytes
-                cap = tokens.cacheable
-                out = [min(h * ratio_num // ratio_den, cap) for h in out]
-            if self.engines is not None:
-                exact = list(out)
-                self.engines.overlay(tokens, views, exact)
-                # A prompt that no engine holds any of (evicted everywhere) keeps the approximate
-                # index's answer: where it was sent before is where its conversation and its
-                # tenant live, and placing it there keeps them together instead of scattering them.
-                if max(exact) > 0 or max(out) == 0:
-                    return exact
-        return out
+        if tokens is not None and features.prompt_bytes and max(out) > 0:
+            ratio_num, ratio_den = CHARS_PER_TOKEN * tokens.count, features.prompt_bytes
+            cap = tokens.cacheable
+            out = [min(h * ratio_num // ratio_den, cap) for h in out]
+        # A prompt that no live engine holds any of (evicted everywhere) keeps the approximate
+        # index's answer: where it was sent before is where its conversation and its tenant live,
+        # and placing it there keeps them together instead of scattering them.
+        if exact is None or max(exact) <= 0:
+            return out
+        return [a if e < 0 else e for e, a in zip(exact, out, strict=True)]
 
     def held(self, backend: str) -> int:
         return self.index.size(backend)

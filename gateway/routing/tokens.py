@@ -50,13 +50,15 @@ class TokenPrompt:
     blocks of `ids[:-1]`. `keys(block_size)` are the keys of those blocks, first to last.
     """
 
-    __slots__ = ("_keys", "count", "data")
+    __slots__ = ("_keys", "count", "data", "hints")
 
     def __init__(self, ids: Sequence[int] | None = None, *, packed: bytes | None = None) -> None:
         """From token ids, or from ids already `pack`ed."""
         self.data = packed if packed is not None else pack(ids or ())
         self.count = len(self.data) // 4
         self._keys: dict[int, tuple[int, ...]] = {}
+        # block size -> the last run of resident leading blocks an index found (a search hint)
+        self.hints: dict[int, int] = {}
 
     @property
     def cacheable(self) -> int:

@@ -187,3 +187,39 @@ def test_small_pages_equal_a_page_by_page_walk(ops: list[tuple[bool, int, int]],
     while expected < prompt_len - 1 and expected in resident:
         expected += 1
     assert index.match(TokenPrompt(PAGES[:prompt_len])) == expected
+
+
+def built(ops: list[tuple[bool, int, int]]) -> tuple[RankIndex, set[int]]:
+    """An index from store/remove ops on TOKENS' blocks, and the positions the engine holds."""
+    index = RankIndex()
+    resident: set[int] = set()
+    named: set[int] = set()
+    for is_store, start, count in ops:
+        blocks = list(range(start, min(start + count, 12)))
+        if is_store:
+            parent = ENGINE[start - 1] if start else None
+            index.store(stored(TOKENS, 16, [ENGINE[b] for b in blocks], start, parent))
+            if start == 0 or start - 1 in named:
+                resident.update(blocks)
+                named.update(blocks)
+        else:
+            index.remove(Removed(tuple(ENGINE[b] for b in blocks)))
+            resident.difference_update(blocks)
+    return index, resident
+
+
+OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.integers(1, 4)), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(OPS, min_size=2, max_size=4), st.integers(1, 12))
+def test_one_prompt_matched_on_many_indexes_keeps_each_answer(fleet: list[list[tuple[bool, int, int]]],
+                                                              prompt_blocks: int) -> None:
+    """The search hint one index leaves on a prompt never changes another index's answer."""
+    prompt = TokenPrompt(TOKENS[: prompt_blocks * 16 + 1])
+    for _ in range(2):  # twice round: every index also sees the hints the others left
+        for index, resident in map(built, fleet):
+            expected = 0
+            while expected < prompt_blocks and expected in resident:
+                expected += 1
+            assert index.match(prompt) == expected * 16
