@@ -64,5 +64,8 @@ def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, A
             "usd_per_million_output_tokens": usd_per_million(price, out_tps),
             "best_output_tokens_per_s": peak,
             "usd_per_million_output_tokens_at_best": usd_per_million(price, peak),
+            # how much of its sustained throughput the group used in the window: the at-load cost is the
+            # at-best cost divided by this (an idle fleet's hours are paid for all the same)
+            "utilisation": out_tps / peak if out_tps is not None and peak else None,
         },
     }
