@@ -28,6 +28,8 @@ NATIVE = [
     "gateway/proxy/deadlines.py",
     "gateway/proxy/exchange.py",
     "gateway/http/native_front.py",
+    "gateway/http/reader.py",
+    "gateway/http/wire.py",
     "gateway/state/generations.py",
     "gateway/json_codec.py",
     "gateway/observability/metrics.py",

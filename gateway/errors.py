@@ -3,6 +3,7 @@
 GatewayError                      anything the client sees as an OpenAI error body
 ├── InvalidRequest      400       malformed JSON, wrong types, missing fields
 ├── BodyTooLarge        413
+├── HeadersTooLarge     431       a request line, header field or header section over its limit
 ├── ModelNotFound       404       model_not_found (also: a model the client's key may not use)
 ├── Unauthorized        401       invalid_api_key / invalid_admin_token
 ├── RateLimited         429       rate_limit_exceeded, with Retry-After
@@ -65,6 +66,12 @@ class BodyTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_headers_too_large"
 
 
 class ModelNotFound(GatewayError):
