@@ -22,6 +22,8 @@ COPY config /etc/gateway
 USER 10001
 EXPOSE 8080
 ENV PYTHONUNBUFFERED=1
+# It listens on 0.0.0.0: without `auth.admin_token_sha256` in the config, admin writes (reload, live
+# weights) are refused with 403 (they are open only on a loopback-only listener); reads stay open.
 # With no --config the gateway starts its embedded demo fleet; mount a config for real backends:
 #   docker run -p 8080:8080 -v $PWD/my.yaml:/etc/gateway/my.yaml IMAGE serve --config /etc/gateway/my.yaml --host 0.0.0.0
 ENTRYPOINT ["gateway"]

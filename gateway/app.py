@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
 import resource
 import time
@@ -85,6 +86,7 @@ class Built:
     dispatcher: Dispatcher
     generations: Generations
     reloader: Reloader
+    guard: Guard
 
 
 async def build(
@@ -169,7 +171,7 @@ async def build(
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader)
+    return Built(app, metrics_app, dispatcher, generations, reloader, guard)
 
 
 def _raise_open_file_limit() -> None:
@@ -178,6 +180,15 @@ def _raise_open_file_limit() -> None:
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def loopback_only(listener: asyncio.Server) -> bool:
+    """Whether every address the listener is bound to is a loopback one (127.0.0.0/8, ::1)."""
+    addresses = [sock.getsockname()[0] for sock in listener.sockets]
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except ValueError:  # not an IP socket
+        return False
 
 
 @dataclass
@@ -209,7 +220,8 @@ async def start(
 ) -> Running:
     """Build the gateway and listen: the native front (or aiohttp alone) on `host:port`, and the
     metrics port when configured. Limits are read once, here, for both fronts: changing them needs a
-    restart (a reload says so in `restart_required`)."""
+    restart (a reload says so in `restart_required`). Without an admin token, admin writes are open
+    only when every listening address is a loopback one."""
     built = await build(settings, config_path=config_path)
     limits = settings.limits
     track_responses(built.app)
@@ -228,6 +240,7 @@ async def start(
     listener = await asyncio.get_running_loop().create_server(
         factory, host, port, reuse_port=reuse, backlog=settings.listen.backlog
     )
+    built.guard.admin_writes_open = loopback_only(listener)
     bound = listener.sockets[0].getsockname()[1]
     running = Running(built, f"http://{host}:{bound}", None, listener, server, [runner], front)
     if built.metrics_app is not None and settings.listen.metrics_port is not None:

@@ -6,6 +6,7 @@ GatewayError                      anything the client sees as an OpenAI error bo
 ├── HeadersTooLarge     431       a request line, header field or header section over its limit
 ├── ModelNotFound       404       model_not_found (also: a model the client's key may not use)
 ├── Unauthorized        401       invalid_api_key / invalid_admin_token
+├── Forbidden           403       admin writes with no admin token on a non-loopback listener
 ├── RateLimited         429       rate_limit_exceeded, with Retry-After
 ├── RequestTimeout      408       headers or body not received in time
 ├── NoHealthyBackend    503       with Retry-After
@@ -180,6 +181,17 @@ class Unauthorized(GatewayError):
 
     def __init__(self, message: str, *, code: str = "invalid_api_key", challenge: str | None = None) -> None:
         super().__init__(message, headers={"WWW-Authenticate": challenge or 'Bearer realm="gateway"'})
+        self.code = code
+
+
+class Forbidden(GatewayError):
+    """Authenticated or not, this caller may not do this (OpenAI's `permission_error`)."""
+
+    status = 403
+    type = "permission_error"
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
         self.code = code
 
 
