@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import cast
 
@@ -64,7 +65,7 @@ class NativeSink:
             end = "Connection: close\r\n\r\n"
         else:  # HTTP/1.0 closes unless the response says otherwise
             end = "\r\n" if self._chunked else "Connection: keep-alive\r\n\r\n"
-        return f"{status_line(status)}{date_line()}{lines}{framing}{end}".encode("latin-1")
+        return f"{status_line(status)}{self._conn.date}{lines}{framing}{end}".encode("latin-1")
 
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         """The whole response at once; a client that has gone simply does not get it."""
@@ -120,6 +121,7 @@ class Front:
         self.limits = limits  # read once at start, like aiohttp's (a reload reports a change as restart_required)
         self.keepalive_s = keepalive_s
         self.connections: set[FrontProtocol] = set()
+        self.date = date_line()  # every response's `Date` line, refreshed once a second by `_sweep`
         # create it in the loop that serves it; Python 3.11's get_running_loop() costs a getpid()
         # syscall, so the per-request code uses this instead
         self.loop = asyncio.get_running_loop()
@@ -128,14 +130,17 @@ class Front:
 
     def __call__(self) -> FrontProtocol:
         if self._sweeper is None:
+            self.date = date_line()
             self._sweeper = self.loop.create_task(self._sweep())
         return FrontProtocol(self)
 
     async def _sweep(self) -> None:
-        """Close keep-alive connections idle for longer than `keepalive_s` (coarse, once a second)."""
+        """Once a second: refresh `date`, and close keep-alive connections idle for longer than
+        `keepalive_s`."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0 - time.time() % 1.0)  # just after each second begins
+            self.date = date_line()
             limit = loop.time() - self.keepalive_s
             for conn in [c for c in self.connections if c.idle_since is not None and c.idle_since < limit]:
                 conn.abort()
@@ -186,6 +191,10 @@ class FrontProtocol(asyncio.Protocol):
         self._http11 = True  # ... and whether that request was HTTP/1.1
         self._watch: GoneWatch | None = None  # after a FIN during a request: has the client gone?
 
+    @property
+    def date(self) -> str:
+        return self._front.date
+
     # -- transport events ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -214,6 +223,8 @@ class FrontProtocol(asyncio.Protocol):
             self._drain.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return  # closing: nothing more is read
         self.idle_since = None
         self._buf = self._buf + data if self._buf else data
         if self.task is None:

@@ -88,10 +88,9 @@ class Reader:
         while pos < n and not self.closed:
             end = self._step_end(data, pos)
             piece = data if pos == 0 and end == n else data[pos:end]
-            if self._remaining >= 0:
+            searching = self._remaining < 0  # for a CRLF CRLF (a head, or a chunked body)
+            if not searching:
                 self._remaining -= end - pos
-            else:
-                self._tail = (self._tail + piece[-3:])[-3:]
             if not self._in_body:
                 self._head_bytes += end - pos
             try:
@@ -103,9 +102,12 @@ class Reader:
             except httptools.HttpParserError as exc:
                 self._fail(InvalidRequest(f"Invalid HTTP request: {exc}"))
             pos = end
-            if self.event == MORE and not self._in_body and self._head_bytes > self._max_head:
-                self._fail(self._head_too_large())
             if self.event != MORE:
+                break
+            if searching:  # it may straddle this read and the next
+                self._tail = (self._tail + piece[-3:])[-3:]
+            if not self._in_body and self._head_bytes > self._max_head:
+                self._fail(self._head_too_large())
                 break
         return pos
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -12,19 +11,23 @@ from ..errors import GatewayError
 
 _date_second = -1
 _date_line = ""
+_status_lines: dict[int, str] = {}
 
 
-@functools.cache
 def status_line(status: int) -> str:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Unknown"
-    return f"HTTP/1.1 {status} {phrase}\r\n"
+    line = _status_lines.get(status)
+    if line is None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Unknown"
+        line = _status_lines[status] = f"HTTP/1.1 {status} {phrase}\r\n"
+    return line
 
 
 def date_line() -> str:
-    """`Date: <IMF-fixdate>\\r\\n` for now (RFC 9110 6.6.1), formatted once per second."""
+    """`Date: <IMF-fixdate>\\r\\n` for now (RFC 9110 6.6.1), formatted once per second. (The native
+    front reads `Front.date` instead, refreshed by its once-a-second sweep: no clock read per response.)"""
     global _date_second, _date_line
     now = int(time.time())
     if now != _date_second:
