@@ -60,6 +60,11 @@ def aiohttp_limits(limits: Limits) -> dict[str, int]:
 
 
 class GatewayProtocol(web.RequestHandler):
+    """One connection aiohttp serves, every byte read first by our `Reader` (see the module doc).
+
+    Counts kept to order what we write among aiohttp's responses: `reader.heads` requests reached
+    aiohttp, `_gw_answered` of them are answered (`log_access`), `_gw_prepared` had their head sent."""
+
     __slots__ = ("_gw_answered", "_gw_eof", "_gw_given", "_gw_header_timeout_s", "_gw_loop", "_gw_prepared",
                  "_gw_reader", "_gw_refusal", "_gw_refused", "_gw_timer", "_gw_wait_for", "_gw_watch")
 
