@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
 import resource
 import time
@@ -30,7 +31,7 @@ from .admin import weights as weights_admin
 from .admin.dashboard import DashboardHandlers
 from .admin.openapi import install_openapi
 from .client import UpstreamPool
-from .http.aiohttp_server import GatewayRunner
+from .http.aiohttp_server import GatewayServer, track_responses
 from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
 from .observability.metrics import Recorder
@@ -47,6 +48,8 @@ from .state.pool import BackendState, Pool
 from .state.reload import Reloader
 from .state.splits import Splits
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
+
+KEEPALIVE_S = 75.0  # idle keep-alive connections close after this long, on both fronts
 
 
 def _marked(middleware: Middleware) -> Middleware:
@@ -87,6 +90,7 @@ class Built:
     reloader: Reloader
     health: SelfHealth
     upstream: UpstreamPool
+    guard: Guard
 
 
 async def build(
@@ -174,7 +178,7 @@ async def build(
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream)
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard)
 
 
 def _raise_open_file_limit() -> None:
@@ -185,6 +189,15 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def loopback_only(listener: asyncio.Server) -> bool:
+    """Whether every address the listener is bound to is a loopback one (127.0.0.0/8, ::1)."""
+    addresses = [sock.getsockname()[0] for sock in listener.sockets]
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except ValueError:  # not an IP socket
+        return False
+
+
 @dataclass
 class Running:
     """A listening gateway process."""
@@ -192,16 +205,20 @@ class Running:
     built: Built
     url: str
     metrics_url: str | None
+    listener: asyncio.Server
+    server: GatewayServer  # aiohttp's connections: every request the native front does not serve
     runners: list[web.AppRunner] = field(default_factory=list)
     front: Front | None = None
-    listener: asyncio.Server | None = None
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stop listening, let running requests finish (up to the drain timeout), then clean up."""
-        if self.listener is not None and self.front is not None:
-            self.listener.close()
-            await self.front.shutdown(drain_timeout_s)
-        for runner in self.runners:  # stops listening, closes idle connections, waits for running handlers
+        self.listener.close()
+        self.server.pre_shutdown()  # idle aiohttp connections close; running requests finish
+        drains = [self.server.shutdown(drain_timeout_s)]
+        if self.front is not None:
+            drains.append(self.front.shutdown(drain_timeout_s))
+        await asyncio.gather(*drains)
+        for runner in self.runners:  # the applications' cleanup (and the metrics port's server)
             await runner.cleanup()
 
 
@@ -210,33 +227,29 @@ async def start(
 ) -> Running:
     """Build the gateway and listen: the native front (or aiohttp alone) on `host:port`, and the
     metrics port when configured. Limits are read once, here, for both fronts: changing them needs a
-    restart (a reload says so in `restart_required`)."""
+    restart (a reload says so in `restart_required`). Without an admin token, admin writes are open
+    only when every listening address is a loopback one."""
     built = await build(settings, config_path=config_path)
     limits = settings.limits
-    runner = GatewayRunner(
-        built.app, header_timeout_s=limits.header_timeout_s, handler_cancellation=True, access_log=None,
-        shutdown_timeout=limits.drain_timeout_s, max_line_size=limits.max_header_bytes,
-        max_field_size=limits.max_header_bytes, lingering_time=1.0,
-    )
+    track_responses(built.app)
+    runner = web.AppRunner(built.app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    server = GatewayServer(
+        runner, limits=limits, refused=built.dispatcher.refused, access_log=None, lingering_time=1.0,
+        keepalive_timeout=KEEPALIVE_S,
+    )
     _raise_open_file_limit()
     reuse = reuse_port or None
-    running = Running(built, "", None, [runner])
+    front = None
+    factory: Callable[[], asyncio.Protocol] = server
     if settings.listen.front == "native":
-        assert runner.server is not None
-        running.front = Front(built.dispatcher, runner.server, lambda: limits)
-        running.listener = await asyncio.get_running_loop().create_server(
-            running.front, host, port, reuse_port=reuse, backlog=settings.listen.backlog
-        )
-        bound = running.listener.sockets[0].getsockname()[1]
-    else:
-        site = web.TCPSite(runner, host, port, reuse_port=reuse, backlog=settings.listen.backlog)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-    running.url = f"http://{host}:{bound}"
-    server = runner.server
-    assert server is not None
-    front = running.front
+        factory = front = Front(built.dispatcher, server, limits, keepalive_s=KEEPALIVE_S)
+    listener = await asyncio.get_running_loop().create_server(
+        factory, host, port, reuse_port=reuse, backlog=settings.listen.backlog
+    )
+    built.guard.admin_writes_open = loopback_only(listener)
+    bound = listener.sockets[0].getsockname()[1]
+    running = Running(built, f"http://{host}:{bound}", None, listener, server, [runner], front)
     built.health.connections.add(
         "client", lambda: len(server.connections) + (len(front.connections) if front is not None else 0)
     )

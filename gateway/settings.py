@@ -157,6 +157,8 @@ class Health(_Strict):
 class Limits(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 8190  # one request/header line
+    # the whole head: request line and every header line, CRLFs included (many small headers)
+    max_header_section_bytes: Annotated[int, Field(ge=1024, le=4 * 1024 * 1024)] = 32768
     header_timeout_s: Annotated[float, Field(gt=0)] = 10.0  # until a request's headers are complete
     body_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # until its body is complete
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0  # SIGTERM: how long in-flight requests may finish
