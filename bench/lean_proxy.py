@@ -29,7 +29,7 @@ async def serve(upstream: str, port: int) -> None:
 
     class Lean:
         @staticmethod
-        def refused(endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        def refused(endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
             return None
 
         @staticmethod

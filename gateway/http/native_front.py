@@ -168,8 +168,6 @@ class Front:
         return self._closing
 
 
-
-
 class FrontProtocol(asyncio.Protocol):
     """One client connection while it speaks to the native front."""
 
@@ -190,6 +188,9 @@ class FrontProtocol(asyncio.Protocol):
         self._reply: NativeSink | None = None  # the running request's response
         self._http11 = True  # ... and whether that request was HTTP/1.1
         self._watch: GoneWatch | None = None  # after a FIN during a request: has the client gone?
+        # a request whose task was created but has not run yet: if the client goes now, the task is
+        # cancelled before it ever reaches the dispatcher, so it is counted here instead
+        self._starting: tuple[Endpoint, str | None] | None = None
 
     @property
     def date(self) -> str:
@@ -210,6 +211,10 @@ class FrontProtocol(asyncio.Protocol):
             self._watch.stop()
         if self.task is not None:
             self.task.cancel()  # the client is gone: stop its request, which aborts the upstream one
+        if self._starting is not None:
+            endpoint, request_id = self._starting
+            self._starting = None
+            self._front.entry.refused(endpoint, "client_closed", request_id)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)  # the writer wakes up and finds the connection closed
         self.transport = None
@@ -326,12 +331,15 @@ class FrontProtocol(asyncio.Protocol):
         self.transport = None
 
     def _start(self, msg: Message) -> None:
-        self.task = self._loop.create_task(self._run(msg, HOT_PATHS[msg.url]))
+        endpoint = HOT_PATHS[msg.url]
+        self._starting = (endpoint, msg.headers.get("x-request-id"))
+        self.task = self._loop.create_task(self._run(msg, endpoint))
         self._http11 = msg.http11
         if self._eof:  # pipelined before the FIN: the client may have gone since
             self._watch_client()
 
     async def _run(self, msg: Message, endpoint: Endpoint) -> None:
+        self._starting = None  # from here on the dispatcher counts it
         reply = self._reply = NativeSink(self, keep_alive=msg.keep_alive and not self._front.closing,
                                          http11=msg.http11)
         request_id = choose_request_id(msg.headers.get("x-request-id"))

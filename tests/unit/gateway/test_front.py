@@ -30,11 +30,11 @@ class Served:
     port: int
     front: Front
     seen: list[tuple[Endpoint, dict[str, str], bytes, str]] = field(default_factory=list)
-    refusals: list[tuple[Endpoint, int]] = field(default_factory=list)
+    refusals: list[tuple[Endpoint, int | str]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+    def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
         self.refusals.append((endpoint, status))
 
     async def dispatch(
@@ -83,7 +83,7 @@ async def served() -> AsyncIterator[Served]:
         ) -> None:
             await holder[0].dispatch(headers, body, endpoint, reply, request_id)
 
-        def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
             holder[0].refused(endpoint, status, request_id)
 
     relay = Relay()
@@ -286,3 +286,25 @@ def test_error_status_is_kept_for_unknown_codes() -> None:
     error.status = 599
     assert error_bytes(error).startswith(b"HTTP/1.1 599 Unknown\r\n")
     assert status_line(200) == "HTTP/1.1 200 OK\r\n"
+
+
+async def test_a_request_whose_client_resets_at_once_is_counted_exactly_once(served: Served) -> None:
+    """A client that sends its request and resets at once: the request is counted exactly once,
+    by the dispatcher, or by the front (client_closed) if the reset beat the request's task to the
+    dispatcher (a task cancelled before its first step never runs its body)."""
+    import socket
+    import struct
+
+    for _ in range(20):
+        before = len(served.seen) + len(served.refusals)
+        with socket.create_connection((served.host, served.port)) as sock:  # data and RST back to back
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.sendall(post(body=b"stream"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while len(served.seen) + len(served.refusals) == before:
+            assert loop.time() < deadline, "the request was counted nowhere"
+            await asyncio.sleep(0.001)
+        assert len(served.seen) + len(served.refusals) == before + 1
+    assert all(r == (Endpoint.CHAT, "client_closed") for r in served.refusals)
+    served.release.set()
