@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -105,6 +106,10 @@ class Membership:
         """Adopt a (re)loaded config's entries (see the module docstring); call before building
         its generation's pool from `discovered()`."""
         entries = {e.name: e for e in settings.discovery}
+        if any(e.kubernetes is not None for e in entries.values()):
+            # kubernetes_asyncio takes seconds to import: at start, before the gateway listens,
+            # rather than in the first source's task on the serving loop.
+            importlib.import_module("gateway.discovery.kubernetes")
         for name in [n for n in self._followed if n not in entries]:
             self._stop_following(self._followed.pop(name))
             log.info("discovery %s: removed from the config, stopped", name)
