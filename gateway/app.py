@@ -144,11 +144,10 @@ async def build(
     registry.register(LiveCollector(stats, clock))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
     upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
-    discovery_rng = random.Random(rng.random())
     if discovery_source is None:
 
-        def discovery_source(entry: DiscoveryEntry) -> Source:
-            return make_source(entry, sleep=sleep, clock=clock, rng=discovery_rng)
+        def discovery_source(entry: DiscoveryEntry) -> Source:  # backoff jitter: each its own generator
+            return make_source(entry, sleep=sleep, clock=clock)
 
     def members_changed(generation: Generation) -> None:
         """The pool's backends changed (discovery, a reload): the live comparison and the routing

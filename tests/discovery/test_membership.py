@@ -176,13 +176,13 @@ async def test_a_discovered_backend_is_probed_before_it_gets_traffic_then_joins_
     gateway: Callable[..., Any], emulators: Callable[..., Any],
 ) -> None:
     ready = await emulators()
-    late = await emulators(not_ready_for_s=2.0)  # its readiness probe fails for a while
     gw: Gateway = await gateway(config_of())
     assert (await gw.http.get("/ready")).status_code == 503  # nothing discovered yet
     gw.source.say(found(ready))
     await wait_for(lambda: ready_now(gw, name_of(ready)))
     assert (await gw.ask())[0] == name_of(ready)
 
+    late = await emulators(not_ready_for_s=3.0)  # its readiness probe fails for 3 s from now
     gw.source.say(found(ready, late))
     burst = await asyncio.gather(*(gw.ask() for _ in range(20)))  # racing the join and its first probe
     assert {backend for backend, _ in burst} == {name_of(ready)}
@@ -199,7 +199,7 @@ async def test_a_discovered_backend_is_probed_before_it_gets_traffic_then_joins_
         if late.ctx.gate.ready():
             break
         served.add(backend)
-    assert served == {name_of(ready)}
+    assert served == {name_of(ready)}  # (empty only if this machine took 3 s to get here)
     await wait_for(lambda: ready_now(gw, name_of(late)))
     served = {(await gw.ask())[0] for _ in range(6)}
     assert served == {name_of(ready), name_of(late)}  # round robin over both now

@@ -139,8 +139,8 @@ def test_a_dns_discovered_fleet_changes_under_load_without_a_client_error(
     load = Load(gw)
     try:
         load.more()
-        # a third record: the backend joins after its readiness probe passes (it fails for 1.5 s)
-        c = emulators.start("vllm", host="127.0.0.4", port=port, speed=5.0, not_ready_for_s=1.5)
+        # a third record: the backend joins after its readiness probe passes (it fails for 2 s)
+        c = emulators.start("vllm", host="127.0.0.4", port=port, speed=5.0, not_ready_for_s=2.0)
         name[c] = f"pool-127.0.0.4:{port}"
         dnsmasq.write_hosts({"pool.test": ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
         dnsmasq.reload()
