@@ -31,6 +31,7 @@ from .admin import weights as weights_admin
 from .admin.dashboard import DashboardHandlers
 from .admin.openapi import install_openapi
 from .client import UpstreamPool
+from .discovery import DiscoveryEntry, DiscoveryMetrics, Source, make_source
 from .http.aiohttp_server import GatewayServer, track_responses
 from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
@@ -40,9 +41,10 @@ from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
 from .proxy.service import Proxy
 from .routing import RoutingState
-from .settings import Settings
+from .settings import Backend, Settings
 from .state.generations import Generation, Generations, LivePool
 from .state.health import HealthPoller
+from .state.membership import Membership
 from .state.outliers import OutlierRules
 from .state.pool import BackendState, Pool
 from .state.reload import Reloader
@@ -63,20 +65,34 @@ def _marked(middleware: Middleware) -> Middleware:
     return marked
 
 
-def build_pool(settings: Settings, secrets: Secrets | None = None) -> Pool:
-    keys = secrets.backend_keys if secrets is not None else {}
-    states = []
-    for b in settings.backends:
-        adapter: Adapter = adapter_for(b.runtime, chat_template=b.chat_template)
-        if b.name in keys:
-            adapter = CredentialedAdapter(adapter, keys[b.name])
-        states.append(BackendState(config=b, adapter=adapter))
+def backend_state(config: Backend, secrets: Secrets | None = None, *, source: str | None = None) -> BackendState:
+    """A static backend's state (optimistic until its first probe), or, with `source` (its discovery
+    entry), a discovered one's: not ready until its first passing probe, with the entry's key."""
+    if source is None:
+        key = secrets.backend_keys.get(config.name) if secrets is not None else None
+    else:
+        key = secrets.discovery_keys.get(source) if secrets is not None else None
+    adapter: Adapter = adapter_for(config.runtime, chat_template=config.chat_template)
+    if key is not None:
+        adapter = CredentialedAdapter(adapter, key)
+    if source is None:
+        return BackendState(config=config, adapter=adapter)
+    return BackendState(config=config, adapter=adapter, probe_ok=False, source=source)
+
+
+def build_pool(
+    settings: Settings, secrets: Secrets | None = None, discovered: list[tuple[Backend, str]] | None = None
+) -> Pool:
+    """The static backends plus `discovered` ones (config, entry name) as they are now."""
+    states = [backend_state(b, secrets) for b in settings.backends]
+    taken = {s.name for s in states}
+    states += [backend_state(b, secrets, source=entry) for b, entry in discovered or () if b.name not in taken]
     h = settings.health
     rules = OutlierRules(
         consecutive=h.failure_threshold, failure_rate=h.failure_rate, window_s=h.window_s, min_requests=h.min_requests,
         base_ejection_s=h.cooldown_s, max_ejection_s=h.max_ejection_s, max_ejected_share=h.max_ejected_share,
     )
-    return Pool(states, rules=rules)
+    return Pool(states, rules=rules, groups=[e.name for e in settings.discovery])
 
 
 @dataclass
@@ -91,6 +107,7 @@ class Built:
     health: SelfHealth
     upstream: UpstreamPool
     guard: Guard
+    membership: Membership  # discovered backends (and their sources' tasks)
 
 
 async def build(
@@ -103,12 +120,15 @@ async def build(
     weights: WeightsFn | None = None,
     secrets: Secrets | None = None,
     config_path: str | Path | None = None,
+    discovery_source: Callable[[DiscoveryEntry], Source] | None = None,
 ) -> Built:
     """Build the gateway; must run inside the event loop that will serve it.
 
     `weights(route_model) -> {arm: weight}` is where the A/B statistics read the live split weights
     (default: the live ones). `secrets` default to resolving the config's references now (raises
-    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file."""
+    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file.
+    `discovery_source(entry)` makes each discovery entry's source (default: DNS or Kubernetes, on
+    this clock and sleep)."""
     registry = registry if registry is not None else CollectorRegistry()
     rng = rng if rng is not None else random.Random()
     secrets = secrets if secrets is not None else resolve_secrets(settings)
@@ -128,11 +148,27 @@ async def build(
     registry.register(LiveCollector(stats, clock))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
     upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
+    if discovery_source is None:
+
+        def discovery_source(entry: DiscoveryEntry) -> Source:  # backoff jitter: each its own generator
+            return make_source(entry, sleep=sleep, clock=clock)
+
+    def members_changed(generation: Generation) -> None:
+        """The pool's backends changed (discovery, a reload): the live comparison and the routing
+        memory follow (a backend's history stays while it is in the pool)."""
+        pool = generation.pool
+        stats.reconfigure(generation.settings, backends=[s.config for s in pool], pools=pool.groups())
+        routing.retain(s.name for s in pool)
+
+    membership = Membership(
+        generations, make_state=lambda b, entry, g: backend_state(b, g.secrets, source=entry),
+        make_source=discovery_source, metrics=DiscoveryMetrics(registry), clock=clock, sleep=sleep,
+        on_change=members_changed,
+    )
 
     def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
-        if number > 1:
-            stats.reconfigure(settings)  # new backends and arms join the live comparison
-        pool = build_pool(settings, secrets)
+        membership.configure(settings)  # discovered backends outlive generations: each starts with them
+        pool = build_pool(settings, secrets, membership.discovered())
         upstream.connect_timeout_s = settings.timeouts.connect_s
         splits.retain([r.model for r in settings.routes if r.split is not None])
         proxy = Proxy(
@@ -140,7 +176,11 @@ async def build(
             throughput=stats.peak_output_tps, splits=splits,
         )
         poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
-        return Generation(number, settings, secrets, pool, proxy, poller)
+        generation = Generation(number, settings, secrets, pool, proxy, poller)
+        membership.adopt(generation)
+        if number > 1:
+            members_changed(generation)  # new backends and arms join the live comparison
+        return generation
 
     generations.install(build_generation(settings, secrets, 1))
     reloader = Reloader(generations, build_generation, config_path)
@@ -150,7 +190,7 @@ async def build(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
         client_max_size=settings.limits.max_body_bytes,
     )
-    health = observability.install(app, registry, backends=lambda: generations.current.settings.backends)
+    health = observability.install(app, registry, backends=lambda: [s.config for s in generations.current.pool])
     health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,
@@ -170,7 +210,9 @@ async def build(
         first = generations.current
         await first.poller.poll_once()
         first.start()
+        membership.start()  # discovered backends join as their sources answer
         yield
+        await membership.stop()
         await generations.current.stop()
         for old in generations.retired:
             await old.stop()
@@ -178,7 +220,7 @@ async def build(
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard)
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard, membership)
 
 
 def _raise_open_file_limit() -> None:

@@ -131,7 +131,7 @@ class Proxy:
         if sticky is None and split.sticky == "api_key":
             digest = ex.key.id if ex.key is not None else api_key_digest(headers)
             sticky = "k:" + digest if digest else None
-        healthy = {s.name for s in self.pool if s.healthy}
+        healthy = self.pool.healthy_names()  # arms may name discovery pools
         choice = split.choose(sticky, healthy, self._rng)
         if choice is None:
             raise NoHealthyBackend(f"No arm of `{route.config.model}` has a healthy backend.")

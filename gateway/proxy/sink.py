@@ -31,7 +31,8 @@ class Entry(Protocol):
 
     Every generation request a front has identified (its request line names a generation endpoint) is
     reported exactly once: through `dispatch`, or, when the front refuses it before it is complete or
-    readable (400, 408, 413, 431) or its client leaves before it could be dispatched, through `refused`. Either way it is counted once, in one place.
+    readable (400, 408, 413, 431) or its client leaves before it could be dispatched, through
+    `refused`. Either way it is counted once, in one place.
     """
 
     async def dispatch(

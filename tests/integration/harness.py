@@ -56,12 +56,14 @@ class Emulators:
 
     def start(
         self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
-        **faults: Any,
+        host: str = "127.0.0.1", port: int = 0, **faults: Any,
     ) -> RunningEmulator:
+        """`host` may be any loopback address (127.0.0.2, ... reach this host too: discovery tests
+        give each emulator its own address, on one port)."""
         cfg = EmulatorConfig(
             runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults)
         )
-        emu = self._loop.run(start_emulator(cfg, host="127.0.0.1", port=0))
+        emu = self._loop.run(start_emulator(cfg, host=host, port=port))
         self._running.append(emu)
         return emu
 
