@@ -34,6 +34,8 @@ from .ratelimit import KeyLimiter
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# the models the authenticated key may use (None: all), for `/v1/models`
+KEY_MODELS: web.RequestKey[list[str] | None] = web.RequestKey("api_key_models")
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
 READ_METHODS = frozenset({"GET", "HEAD"})
 ENDPOINT_PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
@@ -142,8 +144,7 @@ class Guard:
             key = self.authenticate(request.headers)
             if key is not None:
                 self.limit(key)
-                request["api_key"] = key.id
-                request["api_key_models"] = key.models
+                request[KEY_MODELS] = key.models
         return await handler(request)
 
     def check_admin(self, path: str, headers: Mapping[str, str], *, method: str = "GET") -> None:

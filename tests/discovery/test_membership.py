@@ -30,7 +30,6 @@ from .harness import until
 
 # gateway/http/handlers.py keeps the request id under a str key (`request["request_id"]`), which this
 # aiohttp warns about; in-process, the warnings filter would make that an error in every handler.
-pytestmark = pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 
 
 class ScriptedSource:
@@ -149,6 +148,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
+        built.guard.admin_writes_open = True  # as app.start decides for a loopback-only listener
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         gw = Gateway(built, url, path, sources, openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0),
                      httpx.AsyncClient(base_url=url, timeout=10), registry)
