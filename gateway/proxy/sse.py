@@ -22,7 +22,6 @@ share it, k gaps of T / k, so engines that flush several tokens at once do not b
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +88,7 @@ class StreamStats:
 
 class SseRelay:
     def __init__(
-        self, *, backend_model: str, client_model: str, include_usage: bool, rng: random.Random | None = None
+        self, *, backend_model: str, client_model: str, include_usage: bool
     ) -> None:
         self._buf = b""
         self._cr: bool | None = None  # the stream uses CR line ends (decided on its first bytes)
@@ -99,7 +98,7 @@ class SseRelay:
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
-        self.stats = StreamStats(Gaps(rng if rng is not None else random.Random()))
+        self.stats = StreamStats(Gaps())
 
     def feed(self, data: bytes, now: float) -> bytes:
         """The complete events of `buffered + data`, as the client gets them."""
