@@ -23,7 +23,7 @@ from bench.procs import Proc
 
 PEERS_DIR = Path.home() / ".cache" / "igw" / "peers"
 INSTALL_TIMEOUT_S = 420
-READY_TIMEOUT_S = 90
+READY_TIMEOUT_S = 180  # LiteLLM takes ~45 s to start on a busy 2-core machine
 
 
 @dataclass(frozen=True, slots=True)
