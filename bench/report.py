@@ -326,9 +326,12 @@ def markdown(res: dict[str, Any]) -> str:
             lines += [f"  - {key}: `{cmd}`" for key, cmd in v.get("commands", {}).items()]
     if res["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in res["notes"]]]
-    lines += ["", "Plots: `targets.png` (a, b, c by target), `throughput-vs-concurrency.png`, "
-              "`p99-vs-concurrency.png`. Profile: `profile.md`, `profile-overhead.svg`. Raw numbers: "
-              "`overhead.json`.", ""]
+    plots = (["`targets.png` (a, b, c by target)"] if any(r["section"] in "abc" for r in p.rows) else []) + \
+        ([f"`{name}`" for name in report_plots.CONCURRENCY] if any(r["section"] == "sweep" for r in p.rows) else [])
+    lines += ["", (f"Plots: {', '.join(plots)}. " if plots else "")
+              + ("Profile: `profile.md`, `profile-overhead.svg`. " if res["profiles"] else
+                 "No profile in this run (a `profile.md` beside this file is from the run it names). ")
+              + "Raw numbers: `overhead.json`.", ""]
     return "\n".join(lines)
 
 
@@ -413,8 +416,12 @@ def _streams(res: dict[str, Any]) -> list[str]:
 def write(res: dict[str, Any], out: Path) -> None:
     (out / "overhead.md").write_text(markdown(res))
     p = Points(res["points"])
-    report_plots.targets(p, out / "targets.png")
-    report_plots.concurrency(closed_rows(p), out)
+    # A plot this run did not make would be an earlier run's beside this report: remove it.
+    if not report_plots.targets(p, out / "targets.png"):
+        (out / "targets.png").unlink(missing_ok=True)
+    if not report_plots.concurrency(closed_rows(p), out):
+        for name in report_plots.CONCURRENCY:
+            (out / name).unlink(missing_ok=True)
     if res["profiles"]:
         m = res["meta"]
         parts = ["# Gateway profile under load (py-spy)", "",

@@ -26,10 +26,14 @@ def _pyplot() -> Any:
     return plt
 
 
-def targets(p: Points, path: Path) -> None:
+CONCURRENCY = ("throughput-vs-concurrency.png", "p99-vs-concurrency.png")
+
+
+def targets(p: Points, path: Path) -> bool:
+    """targets.png; False (and no file) when the run measured none of a, b, c."""
     panels = [(s, key, title) for s, key, title in PANELS if p.targets(s)]
     if not panels:
-        return
+        return False
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
     for ax, (section, key, title) in zip(axes[0], panels, strict=True):
@@ -51,16 +55,18 @@ def targets(p: Points, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
-def concurrency(rows: list[dict[str, Any]], out: Path) -> None:
+def concurrency(rows: list[dict[str, Any]], out: Path) -> bool:
+    """The CONCURRENCY plots; False (and no files) without the sweep."""
     cs = sorted({r["c"] for r in rows})
     if len(cs) < 2:
-        return
+        return False
     plt = _pyplot()
     names = sorted({r["target"] for r in rows}, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
-    for key, fname, ylabel in (("rps", "throughput-vs-concurrency.png", "requests/s (median, log scale)"),
-                               ("p99_ms", "p99-vs-concurrency.png", "p99 latency, ms (median, log scale)")):
+    for key, fname, ylabel in (("rps", CONCURRENCY[0], "requests/s (median, log scale)"),
+                               ("p99_ms", CONCURRENCY[1], "p99 latency, ms (median, log scale)")):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for name in names:
             xs = [c for c in cs if any(r["target"] == name and r["c"] == c for r in rows)]
@@ -77,3 +83,4 @@ def concurrency(rows: list[dict[str, Any]], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
+    return True
