@@ -147,7 +147,7 @@ def machine_info(argv: list[str]) -> dict[str, Any]:
                   if line.startswith("model name")), "?")
     import aiohttp
 
-    dirty = _sh("git", "status", "--porcelain", "gateway", "backends", "bench")
+    dirty = _sh("git", "status", "--porcelain", "--", "gateway", "backends", "bench", ":!bench/results")
     return {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _sh("git", "rev-parse", "--short", "HEAD") + (" (dirty tree)" if dirty else ""),
