@@ -6,14 +6,12 @@ each round (the targets were measured one after the other in it) and the median 
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench import report_plots
-from bench.targets import ORDER, PYTHON
+from bench import report_parts, report_plots
+from bench.report_stats import Points, fmt, med, pct, times, verdict
+from bench.targets import PYTHON
 
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
 MIN_ROUNDS = 3  # issue 13: medians of >= 3 interleaved rounds
@@ -23,77 +21,6 @@ SECTION_TITLES = {
     "b": "b. Streaming, 20 events in one write",
     "c": "c. Streaming, one event per write",
 }
-
-
-def _med(values: Iterable[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
-
-
-def _f(v: float | None, fmt: str = ".1f") -> str:
-    return "–" if v is None else format(v, fmt)
-
-
-def _x(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f}×"
-
-
-def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{100 * v:.0f}%"
-
-
-def _order(name: str) -> int:
-    return ORDER.index(name) if name in ORDER else len(ORDER)
-
-
-def _group(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    out: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        out[tuple(r[k] for k in keys)].append(r)
-    return out
-
-
-class Points:
-    """The wrk rows of one run, looked up by section, concurrency, target and round."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def of(self, section: str, target: str, c: int | None = None) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r["section"] == section and r["target"] == target
-                and (c is None or r["c"] == c)]
-
-    def targets(self, section: str) -> list[str]:
-        return sorted({r["target"] for r in self.rows if r["section"] == section}, key=_order)
-
-    def med(self, section: str, target: str, key: str, c: int | None = None) -> float | None:
-        return _med(r.get(key) for r in self.of(section, target, c))
-
-    def paired(self, section: str, a: str, b: str, c: int | None = None) -> list[tuple[dict[str, Any],
-                                                                                        dict[str, Any]]]:
-        mine = {r["round"]: r for r in self.of(section, a, c)}
-        theirs = {r["round"]: r for r in self.of(section, b, c)}
-        return [(mine[k], theirs[k]) for k in sorted(mine.keys() & theirs.keys())]
-
-    def ratio(self, section: str, key: str, a: str, b: str, c: int | None = None) -> float | None:
-        """Median over rounds of a[key] / b[key], pairing the rows of the same round."""
-        return _med(x[key] / y[key] for x, y in self.paired(section, a, b, c)
-                    if x.get(key) is not None and y.get(key))
-
-    def per_chunk_beyond(self, section: str, a: str, b: str) -> float | None:
-        """Median over rounds of (CPU per response of a − of b) / events per response of a."""
-        return _med((x["cpu_us_per_req"] - y["cpu_us_per_req"]) / x["events_per_response"]
-                    for x, y in self.paired(section, a, b)
-                    if x.get("cpu_us_per_req") is not None and y.get("cpu_us_per_req") is not None
-                    and x.get("events_per_response"))
-
-    def diff(self, section: str, key: str, a: str, b: str, c: int | None = None) -> float | None:
-        return _med(x[key] - y[key] for x, y in self.paired(section, a, b, c)
-                    if x.get(key) is not None and y.get(key) is not None)
-
-
-def _verdict(ok: bool | None) -> str:
-    return "–" if ok is None else ("**met**" if ok else "**missed**")
 
 
 def targets_table(res: dict[str, Any], p: Points) -> list[str]:
@@ -110,18 +37,18 @@ def targets_table(res: dict[str, Any], p: Points) -> list[str]:
             if mine is None:
                 continue
             ratio = p.ratio(section, "cpu_us_per_req", b, "vllm-router")
-            measured = f"{_f(mine)} µs vs vllm-router {_f(vr)} µs" if vr is not None else \
-                f"{_f(mine)} µs (vllm-router not run: `--peers`)"
+            measured = f"{fmt(mine)} µs vs vllm-router {fmt(vr)} µs" if vr is not None else \
+                f"{fmt(mine)} µs (vllm-router not run: `--peers`)"
             out.append(f"| {section}: {what} (c={_c(p, section)}) | {label[b]} | ≤ vllm-router's | {measured} | "
-                       f"{_x(ratio)} | {_verdict(None if ratio is None else ratio <= 1.0)} |")
+                       f"{times(ratio)} | {verdict(None if ratio is None else ratio <= 1.0)} |")
     for b in builds:
         if not p.of("c", b):
             continue
         beyond = p.per_chunk_beyond("c", b, "lean")
         mine, lean = p.med("c", b, "cpu_us_per_chunk"), p.med("c", "lean", "cpu_us_per_chunk")
         out.append(f"| c: CPU per relayed chunk beyond the plain relay (lean), one event per write | {label[b]} | "
-                   f"≤ {CHUNK_GOAL_US:g} µs | {_f(mine, '.2f')} µs vs lean {_f(lean, '.2f')} µs per chunk | "
-                   f"{_f(beyond, '.2f')} µs | {_verdict(None if beyond is None else beyond <= CHUNK_GOAL_US)} |")
+                   f"≤ {CHUNK_GOAL_US:g} µs | {fmt(mine, '.2f')} µs vs lean {fmt(lean, '.2f')} µs per chunk | "
+                   f"{fmt(beyond, '.2f')} µs | {verdict(None if beyond is None else beyond <= CHUNK_GOAL_US)} |")
     return out
 
 
@@ -130,8 +57,8 @@ def _c(p: Points, section: str) -> str:
     return ",".join(str(c) for c in cs) or "?"
 
 
-def _rounds_of(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
-    return " / ".join(_f(r.get(key), fmt) for r in sorted(rows, key=lambda r: r["round"]))
+def _rounds_of(rows: list[dict[str, Any]], key: str, spec: str) -> str:
+    return " / ".join(fmt(r.get(key), spec) for r in sorted(rows, key=lambda r: r["round"]))
 
 
 def section_table(res: dict[str, Any], p: Points, section: str) -> list[str]:
@@ -142,18 +69,18 @@ def section_table(res: dict[str, Any], p: Points, section: str) -> list[str]:
     out = [head, "|---|" + "---:|" * (head.count("|") - 2)]
     for name in p.targets(section):
         rows = p.of(section, name)
-        cells = [name, _f(_med(r["cpu_us_per_req"] for r in rows)), _rounds_of(rows, "cpu_us_per_req", ".0f")]
+        cells = [name, fmt(med(r["cpu_us_per_req"] for r in rows)), _rounds_of(rows, "cpu_us_per_req", ".0f")]
         if stream:
-            cells += [_f(_med(r["cpu_us_per_chunk"] for r in rows), ".2f"),
-                      _f(_med(r.get("reads_per_response") for r in rows)) if name in PYTHON else "–"]
+            cells += [fmt(med(r["cpu_us_per_chunk"] for r in rows), ".2f"),
+                      fmt(med(r.get("reads_per_response") for r in rows)) if name in PYTHON else "–"]
         else:
-            cells += [_f(_med(r["req_per_cpu_s"] for r in rows), ".0f")]
-        upstream = "(is the upstream)" if name == "direct" else _pct(_med(r["upstream_cpu_util"] for r in rows))
-        cells += [_f(_med(r["responses"] / r["wall_s"] for r in rows), ".0f"),
-                  _f(_med(r["p50_ms"] for r in rows), ".2f"), _f(_med(r["p99_ms"] for r in rows), ".2f"),
-                  str(sum(r["errors"] for r in rows)), _pct(_med(r["cpu_util"] for r in rows)), upstream,
-                  _pct(_med(r["wrk_cpu_util"] for r in rows)),
-                  f"{_pct(_med(r['other_cpu_util'] for r in rows))} ({_pct(max(r['other_cpu_util'] for r in rows))})"]
+            cells += [fmt(med(r["req_per_cpu_s"] for r in rows), ".0f")]
+        upstream = "(is the upstream)" if name == "direct" else pct(med(r["upstream_cpu_util"] for r in rows))
+        cells += [fmt(med(r["responses"] / r["wall_s"] for r in rows), ".0f"),
+                  fmt(med(r["p50_ms"] for r in rows), ".2f"), fmt(med(r["p99_ms"] for r in rows), ".2f"),
+                  str(sum(r["errors"] for r in rows)), pct(med(r["cpu_util"] for r in rows)), upstream,
+                  pct(med(r["wrk_cpu_util"] for r in rows)),
+                  f"{pct(med(r['other_cpu_util'] for r in rows))} ({pct(max(r['other_cpu_util'] for r in rows))})"]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -168,8 +95,8 @@ def ratios_table(p: Points, section: str) -> list[str]:
                 continue
             per = [(x["cpu_us_per_req"] - y["cpu_us_per_req"]) / x["events_per_response"]
                    for x, y in p.paired("c", name, "lean") if x.get("events_per_response")]
-            out.append(f"| {name} | {_f(p.per_chunk_beyond('c', name, 'lean'), '.2f')} | "
-                       f"{' / '.join(_f(v, '.2f') for v in per)} |")
+            out.append(f"| {name} | {fmt(p.per_chunk_beyond('c', name, 'lean'), '.2f')} | "
+                       f"{' / '.join(fmt(v, '.2f') for v in per)} |")
         return out
     dens = [d for d in ("vllm-router", "sglang-router", "lean", "naive") if d in names]
     out = ["| CPU per response, ratio | " + " | ".join(f"/ {d}" for d in dens) + " |",
@@ -177,7 +104,7 @@ def ratios_table(p: Points, section: str) -> list[str]:
     for name in ("gateway", "pure"):
         if name in names:
             out.append(f"| {name} | " + " | ".join(
-                _x(p.ratio(section, "cpu_us_per_req", name, d)) for d in dens) + " |")
+                times(p.ratio(section, "cpu_us_per_req", name, d)) for d in dens) + " |")
     return out
 
 
@@ -229,39 +156,6 @@ def _checks(res: dict[str, Any], p: Points) -> list[str]:
     return out
 
 
-def _earlier_table(res: dict[str, Any], p: Points) -> list[str]:
-    """Targets of earlier issues, still measured."""
-    rows = []
-    if p.of("a", "gateway") and p.of("a", "naive"):
-        per_core = p.ratio("a", "req_per_cpu_s", "gateway", "naive")
-        rows.append(("throughput per core, gateway / naive proxy (a, c=64)", "≥ 1.8×", _x(per_core),
-                     _verdict(None if per_core is None else per_core >= 1.8)))
-    hi = max((r["c"] for r in p.rows if r["section"] == "sweep"), default=None)
-    if hi is not None:
-        errs = sum(r["errors"] for r in p.of("sweep", "gateway", hi))
-        rows.append((f"errors at c={hi} (gateway)", "0", str(errs), _verdict(errs == 0)))
-    tt = _ttft(res)
-    if "gateway" in tt and "direct" in tt:
-        added = tt["gateway"]["p50_ms"] - tt["direct"]["p50_ms"]
-        rows.append(("added TTFT p50 at low load (gateway − direct)", "< 0.3 ms", f"{added:.3f} ms",
-                     _verdict(added < 0.3)))
-    st = res["streams10k"]
-    if st:
-        errors = sum(st.get("errors", {}).values())
-        rows.append((f"{st.get('n', '?')} concurrent streams, one worker", "no errors",
-                     f"{st.get('ok', '?')} ok, errors {st.get('errors', {})}, peak RSS {_f(st.get('rss_peak_mb'))} MiB",
-                     _verdict(errors == 0 and st.get("ok") == st.get("n"))))
-    if not rows:
-        return []
-    return ["| target | goal | measured | |", "|---|---|---|---|",
-            *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]]
-
-
-def _ttft(res: dict[str, Any]) -> dict[str, Any]:
-    names = res["ttft"].get("names", {})
-    return {names.get(url, url): stats for url, stats in res["ttft"].get("targets", {}).items()}
-
-
 def _meta_table(res: dict[str, Any]) -> list[str]:
     m, plan = res["meta"], res["meta"]["plan"]
     peers = m.get("peers", {})
@@ -276,8 +170,8 @@ def _meta_table(res: dict[str, Any]) -> list[str]:
         f"| command | `{m['command']}` |",
         f"| machine | {m['nproc']} × {m['cpu']}, kernel {m.get('kernel', '?')} (shared with other work: see each "
         f"table's *others' CPU*); load average before: {' '.join(m['loadavg_before'])}, after: "
-        f"{' '.join(m.get('loadavg_after', ['?']))}; whole machine busy {_pct(machine_util)} of one core on average "
-        f"over the run ({_f(m.get('wall_s'), '.0f')} s) |",
+        f"{' '.join(m.get('loadavg_after', ['?']))}; whole machine busy {pct(machine_util)} of one core on average "
+        f"over the run ({fmt(m.get('wall_s'), '.0f')} s) |",
         f"| software | Python {m['python']}, aiohttp {m['aiohttp']}, {m['nginx']}, {m['wrk']} |",
         f"| peers | {peer_text} |",
         f"| gateway build | {m.get('build', '?')}; `pure` is the same sources without the compiled modules |",
@@ -313,10 +207,11 @@ def markdown(res: dict[str, Any]) -> str:
             continue
         lines += [f"## {SECTION_TITLES[section]} (wrk -c{_c(p, section)})", "", _section_text(res, section), "",
                   *section_table(res, p, section), "", *ratios_table(p, section), ""]
-    earlier = _earlier_table(res, p)
+    earlier = report_parts.earlier_table(res, p)
     if earlier:
         lines += ["## Earlier targets", "", *earlier, ""]
-    lines += _sweep(p) + _openloop(res) + _ttft_lines(res) + _streams(res)
+    lines += (report_parts.sweep(p) + report_parts.openloop(res) + report_parts.ttft_lines(res)
+              + report_parts.streams(res))
     peers = res["meta"].get("peers", {})
     if peers:
         lines += ["", "## Peers", "", "Installed from PyPI into `~/.cache/igw/peers/<name>` (`bench/peers.py`), "
@@ -335,91 +230,13 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def closed_rows(p: Points) -> list[dict[str, Any]]:
-    """Non-streaming rows at every concurrency: the sweep plus a (c=64)."""
-    return [r for r in p.rows if r["section"] in ("a", "sweep")]
-
-
-def _sweep(p: Points) -> list[str]:
-    if not any(r["section"] == "sweep" for r in p.rows):
-        return []
-    rows = closed_rows(p)
-    out = ["## Non-streaming at other concurrencies (wrk, 1 thread)", "",
-           "c=64 is part a. Is wrk the bottleneck? Compare wrk's CPU with the target's: direct-to-nginx "
-           "throughput is the ceiling of load generator plus upstream on this machine.", "",
-           "| c | target | req/s | p50 ms | p99 ms | errors | CPU µs/req | target CPU | wrk CPU | others' CPU |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for (c, name), group in sorted(_group(rows, "c", "target").items(), key=lambda kv: (kv[0][0], _order(kv[0][1]))):
-        out.append(f"| {c} | {name} | {_f(_med(r['rps'] for r in group), '.0f')} | "
-                   f"{_f(_med(r['p50_ms'] for r in group), '.2f')} | {_f(_med(r['p99_ms'] for r in group), '.2f')} | "
-                   f"{sum(r['errors'] for r in group)} | {_f(_med(r['cpu_us_per_req'] for r in group))} | "
-                   f"{_pct(_med(r['cpu_util'] for r in group))} | {_pct(_med(r['wrk_cpu_util'] for r in group))} | "
-                   f"{_pct(_med(r['other_cpu_util'] for r in group))} |")
-    return [*out, ""]
-
-
-def _openloop(res: dict[str, Any]) -> list[str]:
-    if not res["openloop"]:
-        return []
-    out = ["## Non-streaming, open loop (fixed timetable, latency from the scheduled time)", "",
-           "| rate req/s | target | ok / sent | errors | p50 ms | p90 ms | p99 ms | p99.9 ms | CPU µs/req | "
-           "generator lag max ms |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for (rate, name), rows in sorted(_group(res["openloop"], "rate", "target").items(),
-                                     key=lambda kv: (kv[0][0], _order(kv[0][1]))):
-        out.append(
-            f"| {rate:g} | {name} | {sum(r['ok'] for r in rows)} / {sum(r['sent'] for r in rows)} | "
-            f"{sum(sum(r['errors'].values()) for r in rows)} | {_f(_med(r['p50_ms'] for r in rows), '.2f')} | "
-            f"{_f(_med(r['p90_ms'] for r in rows), '.2f')} | {_f(_med(r['p99_ms'] for r in rows), '.2f')} | "
-            f"{_f(_med(r['p999_ms'] for r in rows), '.2f')} | {_f(_med(r['cpu_us_per_req'] for r in rows))} | "
-            f"{_f(_med(r['generator_lag_max_ms'] for r in rows), '.1f')} |")
-    return [*out, "", "The open-loop generator is Python (`bench/loadgen.py openloop`, its own process); rates are "
-            "fractions of the gateway's c=64 throughput in a. A generator lag well above 1 ms means the generator "
-            "itself fell behind.", ""]
-
-
-def _ttft_lines(res: dict[str, Any]) -> list[str]:
-    tt = _ttft(res)
-    if not tt:
-        return []
-    n = res["meta"]["plan"]["ttft_n"]
-    out = [f"## Time to first token (b's stream, sequential, {n} per target, interleaved)", "",
-           "| target | p50 ms | p90 ms | p99 ms | added p50 ms vs direct |", "|---|---:|---:|---:|---:|"]
-    d = tt.get("direct", {}).get("p50_ms")
-    for name in sorted(tt, key=_order):
-        r = tt[name]
-        out.append(f"| {name} | {_f(r['p50_ms'], '.3f')} | {_f(r['p90_ms'], '.3f')} | {_f(r['p99_ms'], '.3f')} | "
-                   f"{_f(None if d is None else r['p50_ms'] - d, '.3f')} |")
-    if res["ttft"].get("errors"):
-        out.append(f"\nerrors: {res['ttft']['errors']}")
-    return [*out, ""]
-
-
-def _streams(res: dict[str, Any]) -> list[str]:
-    st, m = res["streams10k"], res["meta"]
-    if not st:
-        return []
-    return [f"## {st.get('n')} concurrent open streams through one gateway worker", "",
-            f"Upstream: `bench/slow_sse.py` (aiohttp, own process), one event per second, "
-            f"{st.get('events_per_stream')} events, then usage and [DONE]; client: `bench/loadgen.py streams` "
-            f"opening them over {st.get('ramp_s', m['plan']['streams_ramp_s']):g} s, each allowed "
-            f"{st.get('events_per_stream', 30) + 30} s. Open-file limit: {m['nofile']}."
-            + (f" Run separately: `{st['command']}`." if st.get("command") else ""), "",
-            "| streams | completed with [DONE] | max open at once | errors | events received | "
-            "gateway RSS before / peak / after MiB | RSS per stream KiB | gateway CPU s | wall s |",
-            "|---:|---:|---:|---|---:|---|---:|---:|---:|",
-            f"| {st.get('n')} | {st.get('ok')} | {st.get('max_open')} | {st.get('errors') or 'none'} | "
-            f"{st.get('events')} | {_f(st.get('rss_before_mb'))} / {_f(st.get('rss_peak_mb'))} / "
-            f"{_f(st.get('rss_after_mb'))} | {_f(st.get('kib_per_stream'))} | {_f(st.get('gateway_cpu_s'))} | "
-            f"{_f(st.get('wall_s'))} |", ""]
-
-
 def write(res: dict[str, Any], out: Path) -> None:
     (out / "overhead.md").write_text(markdown(res))
     p = Points(res["points"])
     # A plot this run did not make would be an earlier run's beside this report: remove it.
     if not report_plots.targets(p, out / "targets.png"):
         (out / "targets.png").unlink(missing_ok=True)
-    if not report_plots.concurrency(closed_rows(p), out):
+    if not report_plots.concurrency(report_parts.closed_rows(p), out):
         for name in report_plots.CONCURRENCY:
             (out / name).unlink(missing_ok=True)
     if res["profiles"]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from bench.targets import ORDER
 
 if TYPE_CHECKING:
-    from bench.report import Points
+    from bench.report_stats import Points
 
 PANELS = (("a", "cpu_us_per_req", "a. non-streaming\nCPU µs per request"),
           ("b", "cpu_us_per_req", "b. 20 events in one write\nCPU µs per request"),

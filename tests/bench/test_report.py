@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.report_stats import Points
 
 
 def row(section: str, target: str, rnd: int, cpu_us: float, *, events: int = 0, reads: float | None = None,
@@ -35,7 +36,7 @@ def test_ratios_pair_rounds_before_taking_the_median() -> None:
     # although the medians of each target alone (100 / 90) would say 1.11x.
     gw = [100, 120, 80]
     vr = [111.1, 100, 80]
-    p = report.Points([row("a", "gateway", i, g) for i, g in enumerate(gw)]
+    p = Points([row("a", "gateway", i, g) for i, g in enumerate(gw)]
                       + [row("a", "vllm-router", i, v) for i, v in enumerate(vr)])
     ratio = p.ratio("a", "cpu_us_per_req", "gateway", "vllm-router")
     assert ratio is not None
@@ -44,7 +45,7 @@ def test_ratios_pair_rounds_before_taking_the_median() -> None:
 
 
 def test_per_chunk_beyond_lean_is_the_per_round_difference_over_the_events() -> None:
-    p = report.Points([row("c", "gateway", i, g, events=67) for i, g in enumerate([2000, 2134, 1000])]
+    p = Points([row("c", "gateway", i, g, events=67) for i, g in enumerate([2000, 2134, 1000])]
                       + [row("c", "lean", i, v, events=67) for i, v in enumerate([1933, 2000, 933])])
     assert p.per_chunk_beyond("c", "gateway", "lean") == 1.0  # (67, 134, 67) / 67
 
@@ -57,7 +58,7 @@ def test_targets_table_says_met_and_missed_for_both_builds() -> None:
                    row("c", "gateway", i, 67 * 31, events=67, reads=68), row("c", "pure", i, 67 * 33, events=67,
                                                                              reads=68),
                    row("c", "lean", i, 67 * 30, events=67, reads=68)]
-    lines = report.targets_table(result(points), report.Points(points))
+    lines = report.targets_table(result(points), Points(points))
     verdicts = [line.rsplit("|", 2)[-2].strip() for line in lines[2:]]
     # a: gateway 0.91x met, pure 1.36x missed; b: 1.2x and 1.8x missed; c: 1 µs met, 3 µs missed
     assert verdicts == ["**met**", "**missed**", "**missed**", "**missed**", "**met**", "**missed**"]
@@ -66,7 +67,7 @@ def test_targets_table_says_met_and_missed_for_both_builds() -> None:
 
 def test_without_vllm_router_there_is_no_verdict_and_the_report_says_why() -> None:
     points = [row("a", "gateway", i, 100) for i in range(3)]
-    lines = report.targets_table(result(points), report.Points(points))
+    lines = report.targets_table(result(points), Points(points))
     assert lines[2].endswith("| – | – |")
     assert "`--peers`" in lines[2]
 
