@@ -25,12 +25,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import hashlib
-import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,8 +34,8 @@ from typing import Any
 import orjson
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import chat_bodies, measure, peers, procs, profiling, report, targets, wrk
-from bench.procs import Gateway, Nginx, PyServer
+from bench import chat_bodies, measure, overhead_parts, peers, procs, report, run_info, targets, wrk
+from bench.procs import Nginx, PyServer
 from bench.targets import Target
 from bench.upstream import bodies
 
@@ -118,59 +114,6 @@ class Results:
     notes: list[str] = field(default_factory=list)
 
 
-def _sh(*argv: str) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, check=False, cwd=procs.ROOT).stdout.strip()
-    except OSError:
-        return ""
-
-
-def source_digest() -> str:
-    """sha256 over gateway/, backends/ and bench/ sources: names the exact code measured on a dirty tree."""
-    h = hashlib.sha256()
-    files = [*procs.ROOT.glob("gateway/**/*.py"), *procs.ROOT.glob("backends/**/*.py"),
-             *(p for p in procs.ROOT.glob("bench/**/*.py") if "results" not in p.parts)]
-    for path in sorted(files):
-        h.update(str(path.relative_to(procs.ROOT)).encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def _build() -> str:
-    from gateway import build_check
-
-    n = len(build_check.compiled())
-    return f"native: {n} modules compiled by mypyc (`make native`)" if n else "pure Python (no `make native`)"
-
-
-def machine_info(argv: list[str]) -> dict[str, Any]:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "?")
-    import aiohttp
-
-    dirty = _sh("git", "status", "--porcelain", "--", "gateway", "backends", "bench", ":!bench/results")
-    return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _sh("git", "rev-parse", "--short", "HEAD") + (" (dirty tree)" if dirty else ""),
-        "source_digest": source_digest(), "nproc": _sh("nproc"), "cpu": model, "build": _build(),
-        "kernel": _sh("uname", "-r"), "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
-        "python": sys.version.split()[0], "aiohttp": aiohttp.__version__,
-        "nginx": subprocess.run([procs.NGINX, "-v"], capture_output=True, text=True, check=False).stderr.strip(),
-        "wrk": "wrk 4.1.0 (-t1)", "command": " ".join(["./.venv/bin/python", "-m", "bench", *argv]),
-        "request_bytes": chat_bodies.size(CHAT_BODY), "system_prompt_bytes": len(chat_bodies.system_prompt()),
-        "stream_request_bytes": chat_bodies.size(STREAM_BODY),
-    }
-
-
-def _loadgen(*args: str, timeout_s: float) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", *args], capture_output=True, text=True,
-                         cwd=procs.ROOT, timeout=timeout_s, check=False)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"loadgen {args[0]} failed: {out.stderr[-2000:]}")
-    result: dict[str, Any] = orjson.loads(lines[-1])
-    return result
-
-
 @contextlib.contextmanager
 def _progress() -> Iterator[Progress]:
     with Progress(TextColumn("{task.description:<52}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -197,7 +140,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     tmp = out / "tmp" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp.mkdir(parents=True)
     nofile = procs.raise_nofile(65536)
-    res = Results(meta={**machine_info(argv), "plan": asdict(plan), "nofile": nofile, "peers": {}})
+    res = Results(meta={**run_info.machine_info(argv), "stream_request_bytes": chat_bodies.size(STREAM_BODY),
+                        "plan": asdict(plan), "nofile": nofile, "peers": {}})
     if "streams" in plan.sections and 2 * plan.streams_n + 32 > nofile:
         res.notes.append(
             f"open-file limit is {nofile} (hard limit; raising it needs CAP_SYS_RESOURCE, which this machine "
@@ -295,7 +239,7 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
                + (plan.rounds * len(plan.sweep_concurrency) * len(fams["json"].targets)
                   if "sweep" in plan.sections else 0)
                + ("ttft" in plan.sections)
-               + (plan.rounds * len(plan.openloop_fractions) * len(_openloop_targets(fams))
+               + (plan.rounds * len(plan.openloop_fractions) * len(overhead_parts.openloop_targets(fams))
                   if "openloop" in plan.sections else 0)
                + 4 * ("profile" in plan.sections) + ("streams" in plan.sections))
     with _progress() as progress:
@@ -336,70 +280,19 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
         if "ttft" in plan.sections:
             fam = fams["sse"]
             step(f"TTFT x{plan.ttft_n}, sequential, interleaved")
-            res.ttft = _loadgen("ttft", "--body", str(fam.body), "-n", str(plan.ttft_n),
+            res.ttft = overhead_parts.loadgen("ttft", "--body", str(fam.body), "-n", str(plan.ttft_n),
                                 *[a for t in fam.targets for a in ("--url", t.url + "/v1/chat/completions")],
                                 timeout_s=900)
             res.ttft["names"] = {t.url + "/v1/chat/completions": t.name for t in fam.targets}
             done()
         if "openloop" in plan.sections:
-            _openloop(plan, res, fams, step, done)
+            overhead_parts.openloop(plan, res, fams, step, done)
         if "profile" in plan.sections:
-            _profile(plan, res, out, tmp, fams, script, step, done)
+            overhead_parts.profile(plan, res, out, tmp, fams, script, step, done)
         if "streams" in plan.sections:
             step(f"{plan.streams_n} concurrent slow streams")
-            res.streams10k = _streams(plan, tmp, files["drip"], started)
+            res.streams10k = overhead_parts.streams(plan, tmp, files["drip"], started)
             done()
-
-
-def _openloop_targets(fams: dict[str, Section]) -> list[Target]:
-    return [t for t in fams["json"].targets if t.name != "litellm"] if "json" in fams else []
-
-
-def _openloop(plan: Plan, res: Results, fams: dict[str, Section], step: Callable[[str], None],
-              done: Callable[[], None]) -> None:
-    gw_a = [r["rps"] for r in res.points if r["section"] == "a" and r["target"] == "gateway"]
-    peak = statistics.median(gw_a) if gw_a else 500.0
-    for frac in plan.openloop_fractions:
-        rate = max(50.0, round(peak * frac / 50) * 50)
-        for rnd in range(plan.rounds):
-            for t in _openloop_targets(fams):
-                step(f"open loop {rate:g} req/s {t.name} (round {rnd + 1}/{plan.rounds})")
-                cpu0 = t.cpu()
-                r = _loadgen("openloop", "--url", t.url + "/v1/chat/completions", "--body", str(fams["json"].body),
-                             "--rate", str(rate), "--duration", str(plan.openloop_s),
-                             timeout_s=plan.openloop_s * 10 + 60)
-                res.openloop.append({"target": t.name, "round": rnd, "fraction": frac, **r,
-                                     "cpu_us_per_req": (t.cpu() - cpu0) / max(r["ok"], 1) * 1e6})
-                done()
-
-
-def _profile(plan: Plan, res: Results, out: Path, tmp: Path, fams: dict[str, Section], script: Path,
-             step: Callable[[str], None], done: Callable[[], None]) -> None:
-    if profiling.py_spy() is None:
-        res.notes.append("py-spy not installed (pip install -e '.[dev]'): no profile taken")
-        for _ in range(4):
-            done()
-        return
-    jobs = [("svg", "json", out / "profile-overhead.svg", "flamegraph"),
-            ("a: non-streaming", "json", tmp / "profile-nonstream.txt", "raw"),
-            ("b: 20 events in one write", "sse", tmp / "profile-stream.txt", "raw"),
-            ("c: one event per write", "drip", tmp / "profile-drip.txt", "raw")]
-    for name, key, path, fmt in jobs:
-        gw = fams[key].target("gateway")
-        assert gw is not None
-        step(f"py-spy {name} ({plan.profile_s}s)")
-        rec = profiling.record(gw.pgid, path, duration_s=plan.profile_s, fmt=fmt)
-        time.sleep(0.5)
-        wrk.run(gw.url + "/v1/chat/completions", fams[key].body, script, connections=plan.concurrency,
-                duration_s=plan.profile_s + 1)
-        if rec is not None:
-            _, err = rec.communicate(timeout=60)
-            if rec.returncode != 0 or not path.exists():
-                res.notes.append(f"py-spy {name} failed: {err.decode()[-300:]}")
-            elif fmt == "raw":
-                res.profiles[name] = profiling.markdown(
-                    f"{name} (wrk -c{plan.concurrency}, {plan.profile_s}s)", profiling.summarise(path))
-        done()
 
 
 def _only_streams(plan: Plan, out: Path, argv: list[str]) -> int:
@@ -411,7 +304,7 @@ def _only_streams(plan: Plan, out: Path, argv: list[str]) -> int:
     stream_file.write_bytes(orjson.dumps(DRIP_BODY))
     started: list[Any] = []
     try:
-        result = _streams(plan, tmp, stream_file, started)
+        result = overhead_parts.streams(plan, tmp, stream_file, started)
     finally:
         for p in reversed(started):
             p.stop()
@@ -423,37 +316,3 @@ def _only_streams(plan: Plan, out: Path, argv: list[str]) -> int:
     report.write(res, out)
     print(orjson.dumps(result).decode())
     return 0
-
-
-def _streams(plan: Plan, tmp: Path, stream_file: Path, started: list[Any]) -> dict[str, Any]:
-    slow = PyServer("slow-sse", "bench.slow_sse", ["--events", str(plan.streams_events), "--interval", "1"], tmp)
-    started.append(slow)
-    gw = Gateway("gateway-slow", slow.url, tmp)
-    started.append(gw)
-    try:
-        measure.check(Target("gateway", gw.url, gw.pid), stream_file.read_bytes(), stream=True)
-        rss0, cpu0 = procs.rss_bytes(gw.pid), procs.cpu_seconds(gw.pid)
-        client = subprocess.Popen(
-            [sys.executable, "-m", "bench.loadgen", "streams", "--url", gw.url + "/v1/chat/completions",
-             "--body", str(stream_file), "-n", str(plan.streams_n), "--ramp", str(plan.streams_ramp_s),
-             "--timeout", str(plan.streams_events + 30)],
-            cwd=procs.ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        peak, t0 = rss0, time.monotonic()
-        while client.poll() is None:
-            with contextlib.suppress(OSError):
-                peak = max(peak, procs.rss_bytes(gw.pid))
-            time.sleep(0.25)
-        stdout = client.stdout.read() if client.stdout else ""
-        lines = [line for line in stdout.splitlines() if line.startswith("{")]
-        result: dict[str, Any] = orjson.loads(lines[-1]) if lines else {"error": "client printed nothing"}
-        result.update(rss_before_mb=rss0 / 2**20, rss_peak_mb=peak / 2**20,
-                      rss_after_mb=procs.rss_bytes(gw.pid) / 2**20,
-                      kib_per_stream=(peak - rss0) / 1024 / max(plan.streams_n, 1),
-                      gateway_cpu_s=procs.cpu_seconds(gw.pid) - cpu0, wall_s=time.monotonic() - t0,
-                      events_per_stream=plan.streams_events, gateway_alive=gw.proc.proc.poll() is None)
-        return result
-    finally:
-        gw.stop()
-        slow.stop()
-        started.remove(gw)
-        started.remove(slow)
