@@ -190,7 +190,7 @@ class Recorder:
             if usage is not None and usage.completion_tokens > 1:
                 s.genai_tpot.observe(max(o.duration_s - o.ttft_s, 0.0) / (usage.completion_tokens - 1))
         if o.gaps is not None and o.gaps.count:
-            s.itl.merge(o.gaps.buckets, o.gaps.sum)
+            s.itl.observe_counted(((c.value, c.count) for c in o.gaps.hist.cells.values()), o.gaps.sum)
         if o.sla is not None:
             self.sla.labels(o.backend, o.runtime, o.sla).inc()
         for observe in self.observers:

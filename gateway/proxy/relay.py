@@ -26,10 +26,6 @@ SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 _CLIENT_ERROR_TYPES = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
 
 
-class ClientGone(Exception):
-    """The client closed its connection while we were writing to it."""
-
-
 def response_headers(state: BackendState, ex: Exchange, content_type: str) -> dict[str, str]:
     headers = {
         "Content-Type": content_type,
@@ -76,28 +72,31 @@ class Relay:
         )
         ex.stream = relay.stats
         clock = self._clock
-
-        def translate(data: bytes) -> bytes:
-            return relay.feed(translator.feed(data) if translator is not None else data, clock())
-
-        async def send(data: bytes) -> None:
-            if data:
-                try:
-                    await sink.write(data)
-                except ConnectionError as gone:
-                    raise ClientGone from gone
-
+        feed = relay.feed
         ex.status = "200"
         try:
             try:
                 # The response head leaves with the first events, in one write.
-                await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), translate(opened.first))
+                first = translator.feed(opened.first) if translator is not None else opened.first
+                await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), feed(first, clock()))
                 remaining = self._timeouts.total_s - (clock() - ex.started)
                 with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
-                    async for data in opened.resp:
-                        await send(translate(data))
-                tail = relay.feed(translator.close(), clock()) if translator is not None else b""
-                await send(tail + relay.close(clock()))
+                    # per read: one call into the relay and one write (a ConnectionError from the
+                    # write is the client gone: it passes the error mapping untouched)
+                    if translator is None:
+                        async for data in opened.resp:
+                            out = feed(data, clock())
+                            if out:
+                                await sink.write(out)
+                    else:
+                        async for data in opened.resp:
+                            out = feed(translator.feed(data), clock())
+                            if out:
+                                await sink.write(out)
+                tail = feed(translator.close(), clock()) if translator is not None else b""
+                tail += relay.close(clock())
+                if tail:
+                    await sink.write(tail)
                 if relay.stats.error is not None:
                     ex.status = "stream_error"
                     ex.verdict = None if relay.stats.error.type in _CLIENT_ERROR_TYPES else False
@@ -107,17 +106,17 @@ class Relay:
                     ex.verdict = True
             except BackendTimeout:  # the gateway's total deadline, not the backend failing
                 ex.status = "stream_timeout"
-                await send(error_event(ErrorBody(
+                await sink.write(error_event(ErrorBody(
                     message=f"The request exceeded the gateway's total time limit ({self._timeouts.total_s:g} s).",
                     type="server_error", code="timeout")) + DONE)
             except (BackendError, SseFramingError) as exc:
                 ex.status, ex.verdict = "stream_error", False
                 detail = exc.detail if isinstance(exc, BackendError) else str(exc)
-                await send(error_event(ErrorBody(
+                await sink.write(error_event(ErrorBody(
                     message=f"The backend failed mid-stream ({detail}).", type="server_error",
                     code="upstream_stream_error")) + DONE)
             await sink.end()
-        except (ClientGone, ConnectionError):
+        except ConnectionError:
             if relay.stats.done and ex.status == "200":  # a client may hang up right after [DONE]: served
                 ex.verdict = True
             else:
