@@ -124,14 +124,29 @@ def rewrite_model(body: bytes, model: str) -> Reply:
     old = obj.get("model")
     if old == model:
         return Reply(body, usage)
-    if isinstance(old, str):
-        quoted, new = orjson.dumps(old), orjson.dumps(model)
-        for sep in (b":", b": "):
-            key = b'"model"' + sep + quoted
-            if body.count(key) == 1 and body.count(b'"model"') == 1:
-                return Reply(body.replace(key, b'"model"' + sep + new), usage)
+    if isinstance(old, str) and body.count(b'"model"') == 1:
+        for key, new in _model_keys(old, model):
+            if body.find(key) >= 0:  # (not `in`: bytes' `in` raises and clears a TypeError)
+                return Reply(body.replace(key, new, 1), usage)
     obj["model"] = model
     return Reply(orjson.dumps(obj), usage)
+
+
+_MODEL_KEYS: dict[tuple[str, str], tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _model_keys(old: str, new: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The `"model":"<old>"` byte patterns (with and without a space) and their replacements, built
+    once per pair of names (a handful: the configured backend and route models)."""
+    keys = _MODEL_KEYS.get((old, new))
+    if keys is None:
+        if len(_MODEL_KEYS) >= 256:  # names come from backends' answers: never let them grow it unbounded
+            _MODEL_KEYS.clear()
+        quoted_old, quoted_new = orjson.dumps(old), orjson.dumps(new)
+        keys = _MODEL_KEYS[(old, new)] = tuple(
+            (b'"model"' + sep + quoted_old, b'"model"' + sep + quoted_new) for sep in (b":", b": ")
+        )
+    return keys
 
 
 def _int(value: object) -> int | None:
