@@ -37,7 +37,10 @@ from ..settings import Limits
 
 log = logging.getLogger(__name__)
 
-HOT_PATHS = {b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS}
+HOT_PATHS = {
+    b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS,
+    b"/v1/responses": Endpoint.RESPONSES, b"/v1/embeddings": Endpoint.EMBEDDINGS,
+}
 _HOT_STARTS = tuple(b"POST " + path + b" " for path in HOT_PATHS)
 _MAX_HEADERS = 256
 _HIGH_WATER = 256 * 1024  # buffered request bytes (pipelining) before reading pauses

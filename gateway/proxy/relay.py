@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from backends.base import ErrorBody, UpstreamFormatError
+from backends.base import Endpoint, ErrorBody, UpstreamFormatError
 
+from .. import json_codec
 from ..errors import BackendError, BackendProtocolError, BackendTimeout, BadGateway
 from ..observability.outcome import NONE
 from ..settings import Timeouts
@@ -19,6 +20,7 @@ from ..state.pool import BackendState
 from .attempts import Opened, map_client_errors
 from .deadlines import Deadlines
 from .exchange import Exchange
+from .responses_sse import ResponsesSseRelay
 from .sink import ResponseSink
 from .sse import DONE, SseFramingError, SseRelay, error_event
 
@@ -41,7 +43,18 @@ def response_headers(state: BackendState, ex: Exchange, content_type: str) -> di
     }
     if ex.arm is not None:
         headers["x-gateway-arm"] = ex.arm
+    if ex.rate_headers:
+        headers.update(ex.rate_headers)
     return headers
+
+
+def _response_id(body: bytes) -> str | None:
+    try:
+        obj = json_codec.loads(body)
+    except json_codec.JSONDecodeError:
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) else None
 
 
 class Relay:
@@ -57,27 +70,33 @@ class Relay:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
         try:
-            translated = state.adapter.translate_response(
+            translated = opened.adapter.translate_response(
                 parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=ex.request_id
             )
         except UpstreamFormatError as exc:
             ex.status, ex.verdict = "502", False
             raise BadGateway(f"The backend's response could not be read: {exc}") from exc
         ex.usage = translated.usage
+        if ex.endpoint is Endpoint.RESPONSES:
+            ex.response_id = _response_id(translated.body)
         ex.status, ex.verdict = str(opened.resp.status), True
         sink.send(opened.resp.status, response_headers(state, ex, "application/json"), translated.body)
 
     async def stream(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
-        translator = state.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
-        relay = SseRelay(
-            backend_model=parsed.model if translator is not None else state.config.model,
-            client_model=parsed.model,
-            include_usage=parsed.request.include_usage,
-            rng=self._rng,
-        )
+        translator = opened.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
+        backend_model = parsed.model if translator is not None else state.config.model
+        relay: SseRelay | ResponsesSseRelay
+        if ex.endpoint is Endpoint.RESPONSES:
+            relay = ResponsesSseRelay(backend_model=backend_model, client_model=parsed.model, rng=self._rng)
+        else:
+            relay = SseRelay(backend_model=backend_model, client_model=parsed.model,
+                             include_usage=parsed.request.include_usage, rng=self._rng)
         ex.stream = relay.stats
+
+        def fail(error: ErrorBody) -> bytes:
+            return relay.error_tail(error) if isinstance(relay, ResponsesSseRelay) else error_event(error) + DONE
         clock = self._clock
 
         def translate(data: bytes) -> bytes:
@@ -108,17 +127,19 @@ class Relay:
                     raise BackendProtocolError(state.name, "stream ended before [DONE]")
                 else:
                     ex.verdict = True
+                if isinstance(relay, ResponsesSseRelay):
+                    ex.response_id = relay.response_id
             except BackendTimeout:  # the gateway's total deadline, not the backend failing
                 ex.status = "stream_timeout"
-                await send(error_event(ErrorBody(
+                await send(fail(ErrorBody(
                     message=f"The request exceeded the gateway's total time limit ({self._timeouts.total_s:g} s).",
-                    type="server_error", code="timeout")) + DONE)
+                    type="server_error", code="timeout")))
             except (BackendError, SseFramingError) as exc:
                 ex.status, ex.verdict = "stream_error", False
                 detail = exc.detail if isinstance(exc, BackendError) else str(exc)
-                await send(error_event(ErrorBody(
+                await send(fail(ErrorBody(
                     message=f"The backend failed mid-stream ({detail}).", type="server_error",
-                    code="upstream_stream_error")) + DONE)
+                    code="upstream_stream_error")))
             await sink.end()
         except (ClientGone, ConnectionError):
             if relay.stats.done and ex.status == "200":  # a client may hang up right after [DONE]: served

@@ -15,6 +15,7 @@ import aiohttp
 
 from backends.base import LoadParseError
 
+from .model_cards import scrape_card
 from .pool import BackendState, Pool
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class HealthPoller:
             await self.poll_once()
 
     async def _poll(self, state: BackendState) -> None:
-        await asyncio.gather(self._probe(state), self._scrape(state))
+        await asyncio.gather(self._probe(state), self._scrape(state), scrape_card(self._session, state, self._clock()))
 
     async def _probe(self, state: BackendState) -> None:
         probe = state.adapter.readiness

@@ -29,6 +29,8 @@ class BackendState:
     load_scraped_at: float | None = None
     probed_at: float | None = None
     last_error: str | None = None
+    max_model_len: int | None = None  # from the backend's own /v1/models (`model_cards`), when it says
+    card_scraped_at: float | None = None
     name: str = field(init=False)  # the config's, read once: the request path reads these on every request
     runtime: str = field(init=False)
     base_url: str = field(init=False)
