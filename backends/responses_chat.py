@@ -37,7 +37,10 @@ def untranslatable(body: Mapping[str, Any]) -> str | None:
     top = body.get("top_logprobs")
     if isinstance(top, int) and top > 0:
         return "top_logprobs"
-    for tool in body.get("tools") or ():
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        return "tools"
+    for tool in tools or ():
         if not isinstance(tool, dict) or tool.get("type") != "function":
             return "tools"
     choice = body.get("tool_choice")

@@ -1,7 +1,7 @@
 """The native HTTP/1.1 front: the generation endpoints without aiohttp's server on the hot path.
 
-Every connection starts here. The first bytes of each request decide who serves it: a
-`POST /v1/chat/completions` or `POST /v1/completions` is parsed with httptools and handed to the
+Every connection starts here. The first bytes of each request decide who serves it: a `POST` to
+one of `HOT_PATHS` (chat, completions, Responses, embeddings) is parsed with httptools and handed to the
 same guard and proxy that aiohttp's handlers use; anything else (admin, metrics, dashboard, models,
 health) hands the whole connection to aiohttp, which then owns it until it closes. aiohttp costs
 ~100 µs of CPU per request here; this front costs a few, and that is the difference between a

@@ -19,12 +19,13 @@ async def scrape_card(session: aiohttp.ClientSession, state: BackendState, now: 
         return
     try:
         async with session.get(state.config.base_url + path, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-            if resp.status != 200:
-                return
             body = await resp.read()
+            status = resp.status
     except (aiohttp.ClientError, TimeoutError):
+        return  # not up yet: asked again at the next poll
+    state.card_scraped_at = now  # answered (a backend behind an API key answers 401: configure max_model_len)
+    if status != 200:
         return
-    state.card_scraped_at = now
     length = max_model_len(body, state.config.model)
     if length is not None:
         state.max_model_len = length
