@@ -49,9 +49,11 @@ class Capabilities:
         self._cache: dict[tuple[str, bool], frozenset[Feature]] = {}
         # per route: what all of its configured backends serve (the common case needs nothing more)
         self._common: dict[str, frozenset[Feature]] = {}
+        self._all: dict[str, Capable] = {}
         for route in settings.routes:
             caps = [self.of(n, route) for n in route.candidates]
             self._common[route.model] = frozenset.intersection(*caps) if caps else frozenset()
+            self._all[route.model] = Capable(tuple(route.candidates))
 
     def of(self, name: str, route: Route) -> frozenset[Feature]:
         embeddings = route.kind == "embeddings"
@@ -68,6 +70,9 @@ class Capabilities:
         CapabilityError when there is none."""
         common = self._common.get(route.model)
         if common is not None and need.features <= common and need.serves[0] in common:
+            every = self._all[route.model]
+            if candidates is route.candidates or every.backends == tuple(candidates):
+                return every
             return Capable(tuple(candidates))
         names: list[str] = []
         via_chat: list[str] = []

@@ -11,7 +11,7 @@ Routing, A/B arms and retries then consider only the backends `missing` finds no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.base import Endpoint
@@ -35,6 +35,9 @@ class Needs:
     untranslatable: str | None = None  # Responses: the field chat cannot express (needs native Responses)
 
 
+_NOTHING: frozenset[Feature] = frozenset()
+_PLAIN_CHAT = Needs(Endpoint.CHAT, (Feature.CHAT,))
+
 # the request parameter that asks for each feature, for the error's `param`
 PARAMS: Mapping[Feature, str] = {
     Feature.TOOLS: "tools",
@@ -57,15 +60,21 @@ def param_for(feature: Feature, endpoint: Endpoint) -> str:
     return table.get(feature, "model")
 
 
-def _parts(contents: Iterable[object]) -> tuple[bool, bool]:
-    """Whether any of these message contents holds image (or video) parts, and audio parts."""
+def _parts(messages: object) -> tuple[bool, bool]:
+    """Whether any of these messages' contents holds image (or video) parts, and audio parts. A
+    plain loop: this runs on every chat request, and most contents are strings."""
     images = audio = False
-    for content in contents:
+    if not isinstance(messages, list):
+        return images, audio
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
-                images = images or kind in _IMAGE_PARTS
-                audio = audio or kind in _AUDIO_PARTS
+                if kind in _IMAGE_PARTS:
+                    images = True
+                elif kind in _AUDIO_PARTS:
+                    audio = True
     return images, audio
 
 
@@ -77,26 +86,27 @@ def _more_than_one(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 1
 
 
-def _chat(body: Mapping[str, Any]) -> set[Feature]:
-    out: set[Feature] = set()
-    choice = body.get("tool_choice")
-    if body.get("tools") or body.get("functions") or choice == "required" or isinstance(choice, dict):
-        out.add(Feature.TOOLS)
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") not in _TEXT_FORMATS:
-        out.add(Feature.RESPONSE_FORMAT)
-    if body.get("logprobs") is True or _positive(body.get("top_logprobs")):
-        out.add(Feature.LOGPROBS)
-    if _more_than_one(body.get("n")):
-        out.add(Feature.N)
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        images, audio = _parts(m.get("content") for m in messages if isinstance(m, dict))
-        if images:
-            out.add(Feature.IMAGES)
-        if audio:
-            out.add(Feature.AUDIO)
-    return out
+def _chat(body: Mapping[str, Any]) -> frozenset[Feature]:
+    get = body.get
+    out: list[Feature] = []
+    choice = get("tool_choice")
+    if get("tools") or get("functions") or choice == "required" or isinstance(choice, dict):
+        out.append(Feature.TOOLS)
+    fmt = get("response_format")
+    if fmt is not None and isinstance(fmt, dict) and fmt.get("type") not in _TEXT_FORMATS:
+        out.append(Feature.RESPONSE_FORMAT)
+    top = get("top_logprobs")
+    if get("logprobs") is True or (top is not None and _positive(top)):
+        out.append(Feature.LOGPROBS)
+    n = get("n")
+    if n is not None and _more_than_one(n):
+        out.append(Feature.N)
+    images, audio = _parts(get("messages"))
+    if images:
+        out.append(Feature.IMAGES)
+    if audio:
+        out.append(Feature.AUDIO)
+    return frozenset(out) if out else _NOTHING
 
 
 def _completions(body: Mapping[str, Any]) -> set[Feature]:
@@ -122,20 +132,19 @@ def _responses(body: Mapping[str, Any]) -> set[Feature]:
         out.add(Feature.LOGPROBS)
     if body.get("previous_response_id") is not None or body.get("conversation") is not None:
         out.add(Feature.STORED_RESPONSES)
-    items = body.get("input")
-    if isinstance(items, list):
-        images, audio = _parts(i.get("content") for i in items if isinstance(i, dict))
-        if images:
-            out.add(Feature.IMAGES)
-        if audio:
-            out.add(Feature.AUDIO)
+    images, audio = _parts(body.get("input"))
+    if images:
+        out.add(Feature.IMAGES)
+    if audio:
+        out.add(Feature.AUDIO)
     return out
 
 
 def needs(body: Mapping[str, Any], endpoint: Endpoint) -> Needs:
     """What `body` (already parsed and shape-checked for `endpoint`) needs from a backend."""
     if endpoint is Endpoint.CHAT:
-        return Needs(endpoint, (Feature.CHAT,), frozenset(_chat(body)))
+        features = _chat(body)
+        return _PLAIN_CHAT if not features else Needs(endpoint, (Feature.CHAT,), features)
     if endpoint is Endpoint.COMPLETIONS:
         return Needs(endpoint, (Feature.COMPLETIONS,), frozenset(_completions(body)))
     if endpoint is Endpoint.RESPONSES:
