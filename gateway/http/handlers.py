@@ -15,6 +15,7 @@ from prometheus_client.exposition import choose_encoder
 from backends.base import Endpoint
 
 from .. import json_codec
+from ..access.auth import KEY_MODELS
 from ..errors import BodyTooLarge, GatewayError, InvalidRequest, ModelNotFound, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..proxy.sink import Entry
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 _HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
@@ -34,7 +36,7 @@ def json_response(obj: object, *, status: int = 200, headers: dict[str, str] | N
 
 def _error_response(exc: GatewayError, request: web.Request) -> web.Response:
     headers = dict(exc.headers)
-    request_id = request.get("request_id") or request.headers.get("x-request-id")
+    request_id = request.get(REQUEST_ID) or request.headers.get("x-request-id")
     if request_id:
         headers["x-request-id"] = request_id
     response = web.Response(body=exc.render(), status=exc.status, headers=headers, content_type="application/json")
@@ -80,7 +82,7 @@ class Handlers:
         self._created = int(time.time())  # the models' `created`: when this gateway started serving them
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        request_id = request["request_id"] = choose_request_id(request.headers.get("x-request-id"))
+        request_id = request[REQUEST_ID] = choose_request_id(request.headers.get("x-request-id"))
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await request.read()
@@ -124,7 +126,7 @@ class Handlers:
             if isinstance(allowed, list) and route.model not in allowed:
                 continue
             lengths = []
-            for name in route.candidates:
+            for name in pool.expand(route.candidates):  # discovery pools stand for their members
                 state = pool[name]
                 length = state.config.max_model_len or state.max_model_len
                 if state.healthy and length:
@@ -134,11 +136,11 @@ class Handlers:
         return cards
 
     async def models(self, request: web.Request) -> web.Response:
-        return json_response({"object": "list", "data": self._cards(request.get("api_key_models"))})
+        return json_response({"object": "list", "data": self._cards(request.get(KEY_MODELS))})
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        card = next((c for c in self._cards(request.get("api_key_models")) if c["id"] == name), None)
+        card = next((c for c in self._cards(request.get(KEY_MODELS)) if c["id"] == name), None)
         if card is None:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
         return json_response(card)

@@ -47,13 +47,17 @@ class Capabilities:
     def __init__(self, settings: Settings, config_of: Callable[[str], Backend]) -> None:
         self._config_of = config_of
         self._cache: dict[tuple[str, bool], frozenset[Feature]] = {}
-        # per route: what all of its configured backends serve (the common case needs nothing more)
+        # per route: what all of its backends serve (the common case needs nothing more); a discovery
+        # pool's backends serve their runtime's defaults (an entry has no capability overrides)
+        statics = {b.name for b in settings.backends}
+        pools = {e.name: e.runtime for e in settings.discovery}
         self._common: dict[str, frozenset[Feature]] = {}
-        self._all: dict[str, Capable] = {}
+        self._all: dict[str, tuple[Sequence[str], Capable]] = {}
         for route in settings.routes:
-            caps = [self.of(n, route) for n in route.candidates]
+            embeddings = route.kind == "embeddings"
+            caps = [self.of(n, route) if n in statics else resolve(pools[n], embeddings=embeddings, overrides={})
+                    for n in route.candidates if n in statics or n in pools]
             self._common[route.model] = frozenset.intersection(*caps) if caps else frozenset()
-            self._all[route.model] = Capable(tuple(route.candidates))
 
     def of(self, name: str, route: Route) -> frozenset[Feature]:
         embeddings = route.kind == "embeddings"
@@ -70,10 +74,12 @@ class Capabilities:
         CapabilityError when there is none."""
         common = self._common.get(route.model)
         if common is not None and need.features <= common and need.serves[0] in common:
-            every = self._all[route.model]
-            if candidates is route.candidates or every.backends == tuple(candidates):
-                return every
-            return Capable(tuple(candidates))
+            every = self._all.get(route.model)
+            if every is not None and every[0] is candidates:  # the same (expanded) list: the same answer
+                return every[1]
+            found = Capable(tuple(candidates))
+            self._all[route.model] = (candidates, found)
+            return found
         names: list[str] = []
         via_chat: list[str] = []
         gaps: list[tuple[Feature, ...]] = []
@@ -86,8 +92,8 @@ class Capabilities:
             names.append(name)
             if bridged(caps, need):
                 via_chat.append(name)
-        if not names:
-            raise self._refusal(route, candidates, need, gaps)
+        if gaps and not names:
+            raise self._refusal(route, candidates, need, gaps)  # (no candidates at all: no healthy backend)
         return Capable(tuple(names), frozenset(via_chat))
 
     def _refusal(self, route: Route, candidates: Sequence[str], need: Needs,

@@ -7,7 +7,6 @@ started, a failure ends it with an OpenAI error event and `[DONE]`; it is never 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 from backends.base import Endpoint, ErrorBody, UpstreamFormatError
@@ -59,12 +58,11 @@ def _response_id(body: bytes) -> str | None:
 
 class Relay:
     def __init__(
-        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float], rng: random.Random
+        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float]
     ) -> None:
         self._deadlines = deadlines
         self._timeouts = timeouts
         self._clock = clock
-        self._rng = rng
 
     def body(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
@@ -89,10 +87,10 @@ class Relay:
         backend_model = parsed.model if translator is not None else state.config.model
         relay: SseRelay | ResponsesSseRelay
         if ex.endpoint is Endpoint.RESPONSES:
-            relay = ResponsesSseRelay(backend_model=backend_model, client_model=parsed.model, rng=self._rng)
+            relay = ResponsesSseRelay(backend_model=backend_model, client_model=parsed.model)
         else:
             relay = SseRelay(backend_model=backend_model, client_model=parsed.model,
-                             include_usage=parsed.request.include_usage, rng=self._rng)
+                             include_usage=parsed.request.include_usage)
         ex.stream = relay.stats
 
         def fail(error: ErrorBody) -> bytes:

@@ -18,8 +18,6 @@ Delta events are recognised by their `event:` line without parsing JSON; other e
 
 from __future__ import annotations
 
-import random
-
 from backends.base import ErrorBody
 from backends.openai_compat import parse_usage
 from backends.responses_stream import error_event
@@ -38,14 +36,14 @@ FINAL = frozenset({"response.completed", "response.incomplete", "response.failed
 
 
 class ResponsesSseRelay:
-    def __init__(self, *, backend_model: str, client_model: str, rng: random.Random | None = None) -> None:
+    def __init__(self, *, backend_model: str, client_model: str) -> None:
         self._buf = b""
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
         self._last_seq = -1
         self.response_id: str | None = None
-        self.stats = StreamStats(Gaps(rng if rng is not None else random.Random()))
+        self.stats = StreamStats(Gaps())
 
     def feed(self, data: bytes, now: float) -> bytes:
         """The complete events of `buffered + data`, as the client gets them."""

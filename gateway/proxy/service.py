@@ -25,6 +25,7 @@ from ..observability.metrics import Recorder
 from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
 from ..routing.capabilities import needs
 from ..routing.features import api_key_digest
+from ..routing.registry import PREFIX_POLICIES
 from ..routing.response_owners import ResponseOwners
 from ..settings import Settings
 from ..state.pool import Pool
@@ -90,12 +91,13 @@ class Proxy:
             for r in settings.routes
         }
         self.routing = routing if routing is not None else RoutingState()
+        self._hash_prompts = any(r.policy in PREFIX_POLICIES for r in settings.routes)
         deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
         self._attempts = Attempts(
             pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,
             max_attempts=settings.retries.max_attempts, clock=clock, rng=rng, throughput=throughput,
         )
-        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock, rng=rng)
+        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock)
         self.shadows = Shadows(self._attempts, recorder, self.routing, deadlines, timeouts=settings.timeouts,
                                clock=clock, rng=rng)
 
@@ -131,12 +133,12 @@ class Proxy:
         route = self._routes[parsed.model].config
         fields = parsed.request.body
         need = ex.needs = needs(fields, ex.endpoint)
-        capable = self.capabilities.capable(route, route.candidates, need)
+        capable = self.capabilities.capable(route, self.pool.expand(route.candidates), need)
         owner = self.owners.owner(fields.get("previous_response_id")) if ex.endpoint is Endpoint.RESPONSES else None
         ex.capable = (owner,) if owner is not None and owner in capable.backends else capable.backends
         ex.bridged = capable.bridged
         try:
-            ex.features = describe(*routing_view(fields, ex.endpoint), headers)
+            ex.features = describe(*routing_view(fields, ex.endpoint), headers, hash_prompt=self._hash_prompts)
         except BadRoutingHeader as bad:
             raise InvalidRequest(str(bad), param=bad.header) from bad
 
@@ -171,15 +173,16 @@ class Proxy:
             digest = ex.key.id if ex.key is not None else api_key_digest(headers)
             sticky = "k:" + digest if digest else None
         excluded = None
-        if len(capable) < len(route.config.candidates):  # only some backends can serve it
+        if len(capable) < len(self.pool.expand(route.config.candidates)):  # only some backends can serve it
             can = set(capable)
             healthy = {s.name for s in self.pool if s.healthy and s.name in can}
-            if any(a.weight > 0 and not can.intersection(a.backends) for a in split.arms):
+            healthy.update(g for g, members in self.pool.groups().items() if healthy.intersection(members))
+            if any(a.weight > 0 and not can.intersection(self.pool.expand(a.backends)) for a in split.arms):
                 stored = ex.needs is not None and Feature.STORED_RESPONSES in ex.needs.features
                 excluded = "stored_response" if stored else "capability"
         else:
             can = None
-            healthy = {s.name for s in self.pool if s.healthy}
+            healthy = self.pool.healthy_names()  # arms may name discovery pools
         if excluded is None and ex.endpoint in _NOT_SAMPLES:
             excluded = "endpoint"
         choice = split.choose(sticky, healthy, self._rng)
@@ -193,7 +196,7 @@ class Proxy:
             self._recorder.arm_assigned(route.config.model, choice.arm, failed_over_from=(
                 choice.preferred if choice.failed_over else None))
         backends = split.arm(choice.arm).backends
-        return list(backends) if can is None else [b for b in backends if b in can]
+        return list(backends) if can is None else [b for b in self.pool.expand(backends) if b in can]
 
     async def close(self) -> None:
         await self.shadows.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 from .book import Group, StatsBook
 from .cost import group_price, usd_per_million
-from .quantiles import summary
+from .quantiles import gap_summary, summary
 from .window import View
 
 
@@ -55,7 +55,7 @@ def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, A
         "output_tokens_per_s": out_tps,
         "cached_token_share": _ratio(cached, prompt),
         "ttft_s": summary(b.ttft for b in bs),
-        "itl_s": summary(b.itl for b in bs),
+        "itl_s": gap_summary(b.itl for b in bs),
         "tpot_s": summary(b.tpot for b in bs),
         "e2e_s": summary(b.e2e for b in bs),
         "sla": {"met": met, "missed": missed, "attainment": _ratio(met, met + missed)},

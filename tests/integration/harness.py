@@ -56,13 +56,15 @@ class Emulators:
 
     def start(
         self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
-        embedding_dim: int | None = None, seed: int = 0, **faults: Any,
+        host: str = "127.0.0.1", port: int = 0, embedding_dim: int | None = None, seed: int = 0, **faults: Any,
     ) -> RunningEmulator:
+        """`host` may be any loopback address (127.0.0.2, ... reach this host too: discovery tests
+        give each emulator its own address, on one port)."""
         cfg = EmulatorConfig(
             runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults),
             embedding_dim=embedding_dim, seed=seed,
         )
-        emu = self._loop.run(start_emulator(cfg, host="127.0.0.1", port=0))
+        emu = self._loop.run(start_emulator(cfg, host=host, port=port))
         self._running.append(emu)
         return emu
 
@@ -85,9 +87,10 @@ def backend_entry(name: str, emu: RunningEmulator, runtime: Runtime | str, **ext
 
 class GatewayProcess:
     """`python -m gateway serve --config FILE --port 0` (without a config: the embedded demo fleet),
-    stopped by pid."""
+    stopped by pid. With `host="0.0.0.0"` it listens on every interface; the tests still reach it on
+    127.0.0.1."""
 
-    def __init__(self, config: Mapping[str, Any] | None, workdir: Path) -> None:
+    def __init__(self, config: Mapping[str, Any] | None, workdir: Path, *, host: str = "127.0.0.1") -> None:
         source: list[str] = []
         if config is not None:
             path = workdir / "gateway.yaml"
@@ -97,7 +100,7 @@ class GatewayProcess:
         self._log = self.log_path.open("w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", *source, "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-m", "gateway", "serve", *source, "--host", host, "--port", "0"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
             start_new_session=True,
         )
@@ -106,7 +109,7 @@ class GatewayProcess:
         if not line.startswith("gateway listening on "):
             self.stop()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
-        self.url = line.split()[-1]
+        self.url = line.split()[-1].replace("://0.0.0.0:", "://127.0.0.1:")
         self._clients: list[openai.OpenAI] = []
 
     def client(self) -> openai.OpenAI:

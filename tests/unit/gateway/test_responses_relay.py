@@ -19,7 +19,7 @@ STREAM = (EMULATOR_CAPTURES / "vllm-0.32.0-cpu/responses_stream.txt").read_bytes
 
 
 def relay() -> ResponsesSseRelay:
-    return ResponsesSseRelay(backend_model="tiny-moe", client_model="moe", rng=random.Random(0))
+    return ResponsesSseRelay(backend_model="tiny-moe", client_model="moe")
 
 
 def test_a_captured_stream_is_measured_and_renamed() -> None:
