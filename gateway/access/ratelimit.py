@@ -3,6 +3,11 @@
 A request takes one unit from its key's request bucket when it arrives. Tokens are only known after
 the request (from its usage), so they are charged then and may drive the token bucket below zero;
 the next request is admitted again once it has refilled above zero. Both answers say how long to wait.
+
+`headers` states a key's budgets the way OpenAI does, on every response to a key with limits
+(`x-ratelimit-limit-*`, `x-ratelimit-remaining-*`, `x-ratelimit-reset-*` for requests and tokens:
+the limit per minute, what is left now, and how long until the bucket is full again, as `1s`,
+`6m0s`, `250ms`).
 """
 
 from __future__ import annotations
@@ -63,8 +68,46 @@ class KeyLimiter:
             requests.level -= 1.0
         return None
 
+    def wait_s(self, key: ApiKey, kind: str) -> float:
+        """Exact seconds until `kind`'s budget admits the next request (for `retry-after-ms`)."""
+        now = self._clock()
+        if kind == "tokens" and key.tokens_per_minute is not None:
+            tokens = self._bucket(self._tokens, key.id, key.tokens_per_minute, now)
+            return 0.0 if tokens.level > 0 else -tokens.level / tokens.per_s
+        if key.requests_per_minute is not None:
+            return self._bucket(self._requests, key.id, key.requests_per_minute, now).wait_s(1.0)
+        return 0.0
+
+    def headers(self, key: ApiKey) -> dict[str, str]:
+        """OpenAI's rate-limit headers for `key` now (empty for a key without limits)."""
+        now = self._clock()
+        out: dict[str, str] = {}
+        for kind, per_minute, store in (("requests", key.requests_per_minute, self._requests),
+                                        ("tokens", key.tokens_per_minute, self._tokens)):
+            if per_minute is None:
+                continue
+            bucket = self._bucket(store, key.id, per_minute, now)
+            out[f"x-ratelimit-limit-{kind}"] = str(per_minute)
+            out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(bucket.level)))
+            out[f"x-ratelimit-reset-{kind}"] = duration((bucket.capacity - bucket.level) / bucket.per_s)
+        return out
+
     def charge(self, key: ApiKey, tokens: int) -> None:
         if key.tokens_per_minute is None or tokens <= 0:
             return
         bucket = self._bucket(self._tokens, key.id, key.tokens_per_minute, self._clock())
         bucket.level -= tokens
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI's rate-limit headers write it: `250ms`, `1s`, `6m0s`, `1h2m3.5s`."""
+    if seconds < 1.0:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    ms = math.ceil(seconds * 1000)
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    out = f"{hours}h" if hours else ""
+    if hours or minutes:
+        out += f"{minutes}m"
+    return out + f"{secs}s"

@@ -132,3 +132,4 @@ class Outcome:
     usage_estimated: bool = False
     # seconds from the first to the last generated token (the span output tokens are attributed to)
     generation_s: float | None = None
+    endpoint: str = "chat"  # `backends.base.Endpoint`: chat, completions, responses, embeddings, tokenize, ...

@@ -102,7 +102,25 @@ class StreamStats:
     done: bool = False
 
 
-class SseRelay:
+class StreamRelay:
+    """What the relay loop needs of an SSE relay: chat and completions chunks (`SseRelay`) or
+    Responses events (`responses_sse.ResponsesSseRelay`). A common base, so the loop's per-read
+    call is a native method call, not a call through a bound method of a union."""
+
+    stats: StreamStats
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        raise NotImplementedError
+
+    def close(self, now: float) -> bytes:
+        raise NotImplementedError
+
+    def error_tail(self, error: ErrorBody) -> bytes:
+        """What ends a stream that fails mid-way: an OpenAI error event and `[DONE]`."""
+        return error_event(error) + DONE
+
+
+class SseRelay(StreamRelay):
     def __init__(
         self, *, backend_model: str, client_model: str, include_usage: bool
     ) -> None:
