@@ -3,7 +3,6 @@ what the request's SLA outcome was. Accounting reads it once, at the end (`accou
 
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -20,14 +19,16 @@ from .request import ParsedRequest
 from .sse import StreamStats
 
 # Request ids need uniqueness, not secrecy: 64 random bits per process (from os.urandom, once) and a
-# counter, as 32 hex digits. Formatting a counter costs a fraction of a random 128-bit number's.
-_PROCESS = f"{random.SystemRandom().getrandbits(64):016x}"
-_COUNT = itertools.count(1)
+# counter. A counter's decimal digits cost a fraction of formatting a random 128-bit number.
+_PROCESS = f"{random.SystemRandom().getrandbits(64):016x}-"
+_issued = 0
 
 
 def new_request_id() -> str:
-    """32 hex digits, unique across processes and within one, without a syscall per request."""
-    return f"{_PROCESS}{next(_COUNT):016x}"
+    """Unique across processes and within one (`<16 hex digits>-<n>`), without a syscall per request."""
+    global _issued
+    _issued += 1
+    return _PROCESS + str(_issued)
 
 
 def request_id(client_value: str | None) -> str:
