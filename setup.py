@@ -44,6 +44,7 @@ NATIVE = [
     "gateway/proxy/exchange.py",
     "gateway/proxy/relay.py",
     "gateway/proxy/request.py",
+    "gateway/proxy/responses_sse.py",
     "gateway/proxy/routes.py",
     "gateway/proxy/service.py",
     "gateway/proxy/shadow.py",
