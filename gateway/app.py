@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import resource
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +22,19 @@ from backends.registry import adapter_for
 
 from . import observability
 from .access.auth import Guard
-from .access.ratelimit import KeyLimiter
+from .access.ratelimit import KeyLimiter, Limiter, LocalLimiter
 from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .admin import backends as backends_admin
 from .admin import reload as reload_admin
 from .admin import weights as weights_admin
+from .admin import workers as workers_admin
 from .admin.dashboard import DashboardHandlers
 from .admin.openapi import install_openapi
 from .client import UpstreamPool
+from .cluster import replicas
+from .cluster.clock import gateway_clock
+from .cluster.coordinator import Coordinator
+from .cluster.link import WorkerLink
 from .http.aiohttp_server import GatewayRunner
 from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
@@ -41,7 +46,7 @@ from .proxy.service import Proxy
 from .routing import RoutingState
 from .settings import Settings
 from .state.generations import Generation, Generations, LivePool
-from .state.health import HealthPoller
+from .state.health import HealthPoller, Poller
 from .state.outliers import OutlierRules
 from .state.pool import BackendState, Pool
 from .state.reload import Reloader
@@ -87,6 +92,9 @@ class Built:
     reloader: Reloader
     health: SelfHealth
     upstream: UpstreamPool
+    coordinator: Coordinator  # what admin writes and SIGHUP go through (one process, or every worker)
+    registry: CollectorRegistry
+    stats: StatsBook
 
 
 async def build(
@@ -94,17 +102,20 @@ async def build(
     *,
     registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = gateway_clock,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     weights: WeightsFn | None = None,
     secrets: Secrets | None = None,
     config_path: str | Path | None = None,
+    link: WorkerLink | None = None,
 ) -> Built:
     """Build the gateway; must run inside the event loop that will serve it.
 
     `weights(route_model) -> {arm: weight}` is where the A/B statistics read the live split weights
     (default: the live ones). `secrets` default to resolving the config's references now (raises
-    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file."""
+    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file. With `link`
+    (a worker under `--workers N`), health, limits, admin writes, /metrics and the comparison are the
+    supervisor's, for every worker (`cluster.hub`); with `state`, limits and weights are the fleet's."""
     registry = registry if registry is not None else CollectorRegistry()
     rng = rng if rng is not None else random.Random()
     secrets = secrets if secrets is not None else resolve_secrets(settings)
@@ -119,7 +130,11 @@ async def build(
     splits = Splits()  # so do live A/B weights, while a route's split stays as configured
     arms = observability.ArmMetrics(registry)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
-    guard = Guard(generations, KeyLimiter(clock), registry)
+    limiter: Limiter = LocalLimiter(KeyLimiter(clock))
+    if link is not None:
+        limiter = link.limiter(limiter)
+    shared = replicas.Shared.build(settings, registry, limiter)  # the store, if `state` is set
+    guard = Guard(generations, shared.limiter, registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
@@ -135,7 +150,12 @@ async def build(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
             throughput=stats.peak_output_tps, splits=splits,
         )
-        poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+        poller: Poller = (
+            HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+            if link is None else link.poller(pool, clock)  # the supervisor probes, once for all workers
+        )
+        for b in settings.backends:  # born at 0, so that increase() sees a first ejection
+            recorder.ejections.labels(b.name, b.runtime.value)
         return Generation(number, settings, secrets, pool, proxy, poller)
 
     generations.install(build_generation(settings, secrets, 1))
@@ -150,19 +170,38 @@ async def build(
     health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,
-                        serve_metrics=not separate_metrics)
+                        serve_metrics=not separate_metrics and link is None)
     handlers.install(app)
+    comparer = Comparer(stats)
+
+    def served() -> float:
+        return math.fsum(c.value for c in recorder.requests.children().values())
+
+    coordinator: Coordinator
+    metrics_handler: Callable[[web.Request], Awaitable[web.Response]]
+    if link is None:
+        coordinator = shared.local(generations, reloader, stats, comparer, clock=clock, served=served)
+        metrics_handler = handlers.metrics
+    else:
+        remote = link.attach(replicas.worker_parts(registry, stats, generations, reloader, clock, served))
+        coordinator, metrics_handler = remote, replicas.metrics_handler(remote)
+        if not separate_metrics:
+            app.router.add_get("/metrics", metrics_handler)
     backends_admin.install(app, generations)
-    reload_admin.install(app, reloader)
-    weights_admin.install(app, lambda: generations.current.proxy)
+    reload_admin.install(app, coordinator)
+    weights_admin.install(app, coordinator)
+    workers_admin.install(app, coordinator.workers)
     install_openapi(app)
-    DashboardHandlers(Comparer(stats), clock).install(app)
+    DashboardHandlers(comparer, clock, documents=coordinator.compare).install(app)
     metrics_app = None
     if separate_metrics:
         metrics_app = web.Application(middlewares=[_marked(error_middleware)])
-        metrics_app.router.add_get("/metrics", handlers.metrics)
+        metrics_app.router.add_get("/metrics", metrics_handler)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        await shared.start()  # the fleet's weights are in force before the first request
+        if link is not None:
+            await link.resync()
         first = generations.current
         await first.poller.poll_once()
         first.start()
@@ -170,11 +209,13 @@ async def build(
         await generations.current.stop()
         for old in generations.retired:
             await old.stop()
+        await shared.close()
         await session.close()
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream)
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, coordinator, registry,
+                 stats)
 
 
 def _raise_open_file_limit() -> None:
@@ -206,12 +247,13 @@ class Running:
 
 
 async def start(
-    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None
+    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None,
+    link: WorkerLink | None = None,
 ) -> Running:
     """Build the gateway and listen: the native front (or aiohttp alone) on `host:port`, and the
     metrics port when configured. Limits are read once, here, for both fronts: changing them needs a
     restart (a reload says so in `restart_required`)."""
-    built = await build(settings, config_path=config_path)
+    built = await build(settings, config_path=config_path, link=link)
     limits = settings.limits
     runner = GatewayRunner(
         built.app, header_timeout_s=limits.header_timeout_s, handler_cancellation=True, access_log=None,

@@ -24,7 +24,7 @@ from ..errors import RateLimited, Unauthorized
 from ..observability.outcome import Outcome
 from ..settings import ApiKey
 from ..state.generations import Generations
-from .ratelimit import KeyLimiter
+from .ratelimit import Limiter
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -78,7 +78,7 @@ class Guard:
     are admitted by the dispatcher (`authenticate`, `limit`), which records every outcome; aiohttp's
     other paths go through `middleware`."""
 
-    def __init__(self, generations: Generations, limiter: KeyLimiter, registry: CollectorRegistry) -> None:
+    def __init__(self, generations: Generations, limiter: Limiter, registry: CollectorRegistry) -> None:
         self._generations = generations
         self._limiter = limiter
         self.key_requests = Counter(
@@ -114,9 +114,10 @@ class Guard:
             )
         return key
 
-    def limit(self, key: ApiKey) -> None:
-        """Take one request from the key's budget; raises RateLimited when it is spent."""
-        limited = self._limiter.admit(key)
+    async def limit(self, key: ApiKey) -> None:
+        """Take one request from the key's budget (this process's, the gateway's or the fleet's,
+        as the limiter is); raises RateLimited when it is spent."""
+        limited = await self._limiter.admit(key)
         if limited is not None:
             wait, kind = limited
             raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
@@ -132,7 +133,7 @@ class Guard:
         if path.startswith("/v1/"):
             key = self.authenticate(request.headers)
             if key is not None:
-                self.limit(key)
+                await self.limit(key)
                 request["api_key"] = key.id
                 request["api_key_models"] = key.models
         return await handler(request)

@@ -3,6 +3,10 @@
 A request takes one unit from its key's request bucket when it arrives. Tokens are only known after
 the request (from its usage), so they are charged then and may drive the token bucket below zero;
 the next request is admitted again once it has refilled above zero. Both answers say how long to wait.
+
+`KeyLimiter` holds the buckets of one process. A gateway of several workers keeps its buckets in the
+supervisor (`cluster.hub`, asked over the worker's channel) and a fleet of replicas in the shared
+store (`access.shared_limits`); all of them are a `Limiter`, and all keep these semantics.
 """
 
 from __future__ import annotations
@@ -10,8 +14,38 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from ..settings import ApiKey
+
+class KeyLimits(Protocol):
+    """What a limiter reads of a key (`settings.ApiKey` has it)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def requests_per_minute(self) -> int | None: ...
+
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits without the key (what crosses a process boundary)."""
+
+    id: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+
+
+Admission = tuple[int, str] | None  # None: admitted; else (Retry-After seconds, "requests" | "tokens")
+
+
+class Limiter(Protocol):
+    async def admit(self, key: KeyLimits) -> Admission: ...
+
+    def charge(self, key: KeyLimits, tokens: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -44,7 +78,7 @@ class KeyLimiter:
         bucket.refill(now)
         return bucket
 
-    def admit(self, key: ApiKey) -> tuple[int, str] | None:
+    def admit(self, key: KeyLimits) -> Admission:
         """Take one request for `key`; None when admitted, else the whole seconds to wait (Retry-After)
         and which budget is spent ("requests" or "tokens", as OpenAI names them)."""
         now = self._clock()
@@ -63,8 +97,21 @@ class KeyLimiter:
             requests.level -= 1.0
         return None
 
-    def charge(self, key: ApiKey, tokens: int) -> None:
+    def charge(self, key: KeyLimits, tokens: int) -> None:
         if key.tokens_per_minute is None or tokens <= 0:
             return
         bucket = self._bucket(self._tokens, key.id, key.tokens_per_minute, self._clock())
         bucket.level -= tokens
+
+
+class LocalLimiter:
+    """This process's buckets as a `Limiter`."""
+
+    def __init__(self, limiter: KeyLimiter) -> None:
+        self.buckets = limiter
+
+    async def admit(self, key: KeyLimits) -> Admission:
+        return self.buckets.admit(key)
+
+    def charge(self, key: KeyLimits, tokens: int) -> None:
+        self.buckets.charge(key, tokens)

@@ -1,6 +1,8 @@
 """`gateway compare`: the live comparison of a running gateway, as tables in the terminal.
 
-It reads the same `/admin/compare` document the dashboard polls, so the figures are the same.
+It reads the same `/admin/compare` document the dashboard polls, so the figures are the same:
+`--scope replica` (the default) is the gateway at `--url`, all its workers; `--scope fleet` merges
+every replica that shares its store (`state.redis_url`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
     parser.add_argument("--window", type=int, default=60, choices=WINDOWS_S, help="window in seconds")
     parser.add_argument("--watch", type=float, default=0.0, metavar="S", help="refresh every S seconds")
+    parser.add_argument("--scope", default="replica", choices=("replica", "fleet"),
+                        help="this gateway (all its workers), or every replica sharing its store")
 
 
 def _num(x: float | int | None, fmt: str = "{:,.1f}") -> str:
@@ -60,8 +64,11 @@ def group_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def render(doc: dict[str, Any], console: Console) -> None:
+    scope = doc.get("scope", "replica")
+    where = (f"fleet of {len(doc.get('replicas', []))} replicas" if scope == "fleet"
+             else f"this gateway, {doc.get('workers', 1)} worker(s)")
     console.print(f"[bold]Live comparison[/] over the last {doc['window_s']} s "
-                  f"(measured span {doc['total']['span_s']} s)")
+                  f"(measured span {doc['total']['span_s']} s; {where})")
     console.print(group_table("Runtimes", doc["runtimes"]))
     console.print(group_table("Backends", doc["backends"]))
     if doc["arms"]:
@@ -73,9 +80,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
     console.print("[dim]Assumptions: " + "; ".join(doc["assumptions"]) + "[/]")
 
 
-def fetch(url: str, window: int) -> dict[str, Any]:
+def fetch(url: str, window: int, scope: str = "replica") -> dict[str, Any]:
     """GET /admin/compare with the standard library (the CLI needs no HTTP client dependency)."""
-    query = urllib.parse.urlencode({"window": window})
+    query = urllib.parse.urlencode({"window": window, "scope": scope})
     with urllib.request.urlopen(f"{url.rstrip('/')}/admin/compare?{query}", timeout=10) as resp:
         doc: dict[str, Any] = json_codec.loads(resp.read())
     return doc
@@ -85,7 +92,7 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
     while True:
         try:
-            doc = fetch(args.url, args.window)
+            doc = fetch(args.url, args.window, args.scope)
         except (urllib.error.URLError, OSError) as exc:
             print(f"cannot read {args.url}/admin/compare: {exc}", file=sys.stderr)
             return 1

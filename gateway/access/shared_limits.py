@@ -1,0 +1,154 @@
+"""Per-key rate limits shared by every replica, enforced atomically in Redis.
+
+The same token buckets as `ratelimit.KeyLimiter` (burst = the per-minute figure, refilled
+continuously; one request taken on arrival, tokens charged from usage afterwards and allowed to
+overdraw), kept in one Redis hash per key and bucket and updated by a Lua script: Redis runs a script
+alone, so two replicas admitting the same key at the same instant cannot both take the last unit,
+and the refill is computed on Redis's own clock (`TIME`), so the replicas' clocks do not matter.
+
+Why a token bucket and not the fixed windows of Envoy's rate-limit service (INCR + EXPIRE per
+minute): a fixed window lets a client spend its budget at the end of one minute and again at the
+start of the next, twice the configured rate over those seconds; a bucket grants the configured
+budget over any minute (this is the generic cell rate algorithm's guarantee, in its bucket form).
+
+Costs: one script call (one round trip) per request of a key that has a limit; token charges are
+added up per key and written every `FLUSH_S` in one pipeline, off the request path. When the store
+is down (`state.store`), admission and charges go to the `fallback` limiter (the supervisor's
+buckets for the workers of a host, else this process's), so no request waits on, or fails because
+of, Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.asyncio import Redis
+
+from ..state.store import Store, StoreDown
+from .ratelimit import Admission, KeyLimits, Limiter
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 0.02
+
+# Both buckets of a key: KEYS = request bucket, token bucket; ARGV = requests/min, tokens/min (0: no
+# limit). Levels are stored with the millisecond they were computed at; a bucket that would be full
+# again expires (absent = full).
+_LEVEL = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'at', 'cap')
+  local lvl, at, c = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  if lvl == nil or c ~= cap then return cap end
+  return math.min(cap, lvl + math.max(now - at, 0) * cap / 60000)
+end
+local function store(key, cap, lvl)
+  redis.call('HSET', key, 'level', lvl, 'at', now, 'cap', cap)
+  redis.call('PEXPIRE', key, math.ceil((cap - lvl) * 60000 / cap) + 1000)
+end
+"""
+ADMIT = _LEVEL + """
+local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local wait, kind = 0, 'requests'
+local req = nil
+if rpm > 0 then
+  req = level(KEYS[1], rpm)
+  if req < 1 then wait = (1 - req) * 60 / rpm end
+end
+if tpm > 0 then
+  local tok = level(KEYS[2], tpm)
+  if tok <= 0 then
+    local w = math.max(-tok * 60 / tpm, 0.001)
+    if w > wait or (w == wait and 'tokens' > kind) then wait, kind = w, 'tokens' end
+  end
+end
+if wait > 0 then return {0, tostring(wait), kind} end
+if req ~= nil then store(KEYS[1], rpm, req - 1) end
+return {1, '0', ''}
+"""
+CHARGE = _LEVEL + """
+local tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2])
+store(KEYS[1], tpm, level(KEYS[1], tpm) - tokens)
+return 1
+"""
+
+
+class RedisLimiter:
+    """The fleet's buckets; `fallback` serves whenever the store cannot."""
+
+    def __init__(self, store: Store, fallback: Limiter) -> None:
+        self._store = store
+        self.fallback = fallback
+        self._admit = store.client.register_script(ADMIT)
+        self._charge = store.client.register_script(CHARGE)
+        self._pending: dict[str, tuple[KeyLimits, int]] = {}
+        self._flush: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _keys(self, key_id: str) -> list[str]:
+        tag = "{" + key_id + "}"  # one hash slot per key, should the store be a Redis Cluster
+        return [self._store.key("rl", tag, "requests"), self._store.key("rl", tag, "tokens")]
+
+    async def admit(self, key: KeyLimits) -> Admission:
+        rpm, tpm = key.requests_per_minute or 0, key.tokens_per_minute or 0
+        if not rpm and not tpm:
+            return None
+        try:
+            async def op(client: Redis) -> Any:
+                return await self._admit(keys=self._keys(key.id), args=[rpm, tpm], client=client)
+
+            admitted, wait, kind = await self._store.run(op)
+        except StoreDown:
+            self._store.fell_back("limits")
+            return await self.fallback.admit(key)
+        if int(admitted):
+            return None
+        seconds = float(wait.decode() if isinstance(wait, bytes) else wait)
+        return max(1, -int(-seconds // 1)), (kind.decode() if isinstance(kind, bytes) else str(kind))
+
+    def charge(self, key: KeyLimits, tokens: int) -> None:
+        if key.tokens_per_minute is None or tokens <= 0:
+            return
+        if not self._store.up:
+            self._store.fell_back("limits")
+            self.fallback.charge(key, tokens)
+            return
+        _, pending = self._pending.get(key.id, (key, 0))
+        self._pending[key.id] = (key, pending + tokens)
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(FLUSH_S, self._start_flush)
+
+    def _start_flush(self) -> None:
+        self._flush = None
+        task = asyncio.get_running_loop().create_task(self.flush())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def flush(self) -> None:
+        """Write the charges added up since the last flush (to the fallback if the store is down)."""
+        batch, self._pending = self._pending, {}
+        if not batch:
+            return
+
+        async def op(client: Redis) -> Any:
+            async with client.pipeline(transaction=False) as pipe:
+                for key, tokens in batch.values():
+                    await self._charge(keys=self._keys(key.id)[1:], args=[key.tokens_per_minute or 0, tokens],
+                                       client=pipe)
+                return await pipe.execute()
+
+        try:
+            await self._store.run(op)
+        except StoreDown:
+            for key, tokens in batch.values():
+                self._store.fell_back("limits")
+                self.fallback.charge(key, tokens)
+
+    async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        await self.flush()
