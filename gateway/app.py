@@ -133,7 +133,7 @@ async def build(
     limiter: Limiter = LocalLimiter(KeyLimiter(clock))
     if link is not None:
         limiter = link.limiter(limiter)
-    shared = replicas.Shared.build(settings, registry, limiter)  # the store, if `state` is set
+    shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None)  # if `state` is set
     guard = Guard(generations, shared.limiter, registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))

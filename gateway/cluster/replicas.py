@@ -40,10 +40,11 @@ class Shared:
     coordinator: Local | None = None
 
     @classmethod
-    def build(cls, settings: Settings, registry: CollectorRegistry, limiter: Limiter) -> Shared:
+    def build(cls, settings: Settings, registry: CollectorRegistry, limiter: Limiter, *, supervised: bool) -> Shared:
+        """`supervised`: a worker of a supervisor (whose hub reports the store's outages)."""
         if settings.state is None:
             return cls(settings, limiter)
-        store = Store(settings.state, registry=registry)
+        store = Store(settings.state, registry=registry, report=not supervised)
         return cls(settings, RedisLimiter(store, limiter), store)
 
     def local(

@@ -58,9 +58,11 @@ def describe_url(url: str) -> str:
 class Store:
     def __init__(
         self, config: State, *, registry: CollectorRegistry | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, report: bool = True,
     ) -> None:
+        """`report=False`: log outages at INFO (the workers of a supervisor, whose hub reports them)."""
         self.config = config
+        self._level = logging.ERROR if report else logging.INFO
         self.prefix = config.key_prefix
         self.where = describe_url(config.redis_url)
         self._clock = clock
@@ -135,8 +137,8 @@ class Store:
             return
         self._reported = True
         reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
-        log.error("state store %s is unreachable (%s): serving on local state (local limits, last known "
-                  "weights, this replica's windows) until it is back", self.where, reason)
+        log.log(self._level, "state store %s is unreachable (%s): serving on local state (local limits, last "
+                "known weights, this replica's windows) until it is back", self.where, reason)
 
     async def _ping(self) -> bool:
         try:
@@ -148,8 +150,8 @@ class Store:
         if not self.up:
             outage = self._clock() - self._down_since if self._down_since is not None else 0.0
             if self._reported:
-                log.warning("state store %s is reachable again after %.1f s: sharing state again", self.where,
-                            outage)
+                log.log(logging.WARNING if self._level == logging.ERROR else logging.INFO,
+                        "state store %s is reachable again after %.1f s: sharing state again", self.where, outage)
             else:
                 log.info("state store %s is reachable", self.where)
             self.up = True
@@ -176,6 +178,8 @@ class Store:
                     await self._ping()
                 delay = BACKOFF_S[0]
                 continue
+            with contextlib.suppress(Exception):  # connections from before the outage are dead: drop them all
+                await self.client.connection_pool.disconnect()
             await asyncio.sleep(delay)
             if not await self._ping():
                 delay = min(delay * 2, BACKOFF_S[1])

@@ -27,7 +27,7 @@ def emulators(loop_thread: LoopThread) -> Iterator[Emulators]:
 def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     started: list[GatewayProcess] = []
 
-    def start(backends: list[dict[str, Any]], routes: list[dict[str, Any]] | None = None,
+    def start(backends: list[dict[str, Any]], routes: list[dict[str, Any]] | None = None, *, workers: int = 1,
               **extra: Any) -> GatewayProcess:
         config: dict[str, Any] = {
             "backends": backends,
@@ -38,7 +38,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
         }
         workdir = tmp_path / f"gw{len(started)}"
         workdir.mkdir()
-        gw = GatewayProcess(config, workdir)
+        gw = GatewayProcess(config, workdir, workers=workers)
         started.append(gw)
         return gw
 

@@ -85,14 +85,15 @@ def backend_entry(name: str, emu: RunningEmulator, runtime: Runtime | str, **ext
 class GatewayProcess:
     """`python -m gateway serve --config FILE --port 0`, stopped by pid."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
-        path = workdir / "gateway.yaml"
+    def __init__(self, config: Mapping[str, Any], workdir: Path, *, workers: int = 1, port: int = 0) -> None:
+        self.config_path = path = workdir / "gateway.yaml"
         path.write_text(yaml.safe_dump(dict(config)))
         self.log_path = workdir / "gateway.log"
-        self._log = self.log_path.open("w")
+        self._log = self.log_path.open("a")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--host", "127.0.0.1", "--port",
+             str(port), "--workers", str(workers)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
             start_new_session=True,
         )
@@ -101,7 +102,7 @@ class GatewayProcess:
         if not line.startswith("gateway listening on "):
             self.stop()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
-        self.url = line.split()[-1]
+        self.url = line.split()[3]  # "gateway listening on URL" [+ " (N workers)"]
         self._clients: list[openai.OpenAI] = []
 
     def client(self) -> openai.OpenAI:
