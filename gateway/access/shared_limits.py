@@ -11,8 +11,11 @@ minute): a fixed window lets a client spend its budget at the end of one minute 
 start of the next, twice the configured rate over those seconds; a bucket grants the configured
 budget over any minute (this is the generic cell rate algorithm's guarantee, in its bucket form).
 
-Costs: one script call (one round trip) per request of a key that has a limit; token charges are
-added up per key and written every `FLUSH_S` in one pipeline, off the request path. When the store
+Costs: one script call per request of a key that has a limit, pipelined: the admissions that arrive
+while a round trip is under way go together in the next one (Envoy's rate-limit service batches its
+Redis commands the same way, `REDIS_PIPELINE_WINDOW`), so a burst of concurrent requests costs a few
+round trips on one connection, not one connection each; token charges are added up per key and
+written every `FLUSH_S` in one pipeline, off the request path. When the store
 is down (`state.store`), admission and charges go to the `fallback` limiter (the supervisor's
 buckets for the workers of a host, else this process's), so no request waits on, or fails because
 of, Redis.
@@ -87,6 +90,8 @@ class RedisLimiter:
         self._pending: dict[str, tuple[KeyLimits, int]] = {}
         self._flush: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: list[tuple[list[str], list[int], asyncio.Future[Any]]] = []  # admissions not yet sent
+        self._sending = False
 
     def _keys(self, key_id: str) -> list[str]:
         tag = "{" + key_id + "}"  # one hash slot per key, should the store be a Redis Cluster
@@ -96,11 +101,16 @@ class RedisLimiter:
         rpm, tpm = key.requests_per_minute or 0, key.tokens_per_minute or 0
         if not rpm and not tpm:
             return None
+        if not self._store.up:
+            self._store.fell_back("limits")
+            return await self.fallback.admit(key)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((self._keys(key.id), [rpm, tpm], answer))
+        if not self._sending:
+            self._sending = True
+            asyncio.get_running_loop().call_soon(self._send)
         try:
-            async def op(client: Redis) -> Any:
-                return await self._admit(keys=self._keys(key.id), args=[rpm, tpm], client=client)
-
-            admitted, wait, kind = await self._store.run(op)
+            admitted, wait, kind = await answer
         except StoreDown:
             self._store.fell_back("limits")
             return await self.fallback.admit(key)
@@ -108,6 +118,38 @@ class RedisLimiter:
             return None
         seconds = float(wait.decode() if isinstance(wait, bytes) else wait)
         return max(1, -int(-seconds // 1)), (kind.decode() if isinstance(kind, bytes) else str(kind))
+
+    def _send(self) -> None:
+        batch, self._queue = self._queue, []
+        if not batch:
+            self._sending = False
+            return
+        task = asyncio.get_running_loop().create_task(self._round_trip(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _round_trip(self, batch: list[tuple[list[str], list[int], asyncio.Future[Any]]]) -> None:
+        """One pipeline of admissions; then the next batch, if any arrived meanwhile."""
+        async def op(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                for keys, args, _ in batch:
+                    await self._admit(keys=keys, args=args, client=pipe)
+                found: list[Any] = await pipe.execute(raise_on_error=False)
+                return found
+
+        try:
+            answers = await self._store.run(op)
+        except StoreDown as down:
+            answers = [down] * len(batch)
+        finally:
+            self._send()
+        for (_, _, future), answer in zip(batch, answers, strict=True):
+            if future.done():
+                continue
+            if isinstance(answer, Exception):
+                future.set_exception(answer if isinstance(answer, StoreDown) else StoreDown(str(answer)))
+            else:
+                future.set_result(answer)
 
     def charge(self, key: KeyLimits, tokens: int) -> None:
         if key.tokens_per_minute is None or tokens <= 0:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PING_EVERY_S = 1.0
+MAX_CONNECTIONS = 16  # admissions share one pipelined connection; charges, weights and the fleet a few more
 BACKOFF_S = (0.1, 2.0)
 _OUTAGE = (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError)
 
@@ -66,10 +67,12 @@ class Store:
         self.prefix = config.key_prefix
         self.where = describe_url(config.redis_url)
         self._clock = clock
-        self.client: Redis = Redis.from_url(
-            config.redis_url, socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
+        pool = BlockingConnectionPool.from_url(  # a few connections, waited for rather than opened in a storm
+            config.redis_url, max_connections=MAX_CONNECTIONS, timeout=config.timeout_s,
+            socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
         )
+        self.client: Redis = Redis.from_pool(pool)  # owns the pool: closing the client closes it
         self.up = False
         self._down_since: float | None = clock()  # unknown until the first ping: not up
         self._reported = False  # the current outage has been logged

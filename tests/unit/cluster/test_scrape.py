@@ -25,7 +25,8 @@ class Gauges:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for name, series in self.values.items():
-            family = GaugeMetricFamily(name, name, labels=list(self.labels) if series and next(iter(series)) else [])
+            labelled = any(len(lv) for lv in series)
+            family = GaugeMetricFamily(name, name, labels=list(self.labels) if labelled else [])
             for lv, v in series.items():
                 family.add_metric(list(lv), v)
             yield family
