@@ -61,9 +61,9 @@ class Slot:
         self.start_failures = 0
         self._drain: asyncio.Task[None] | None = None
 
-    def backoff_s(self, now: float) -> float:
+    def backoff_s(self, now: float, first_s: float = BACKOFF_S) -> float:
         self.exits = [t for t in self.exits if now - t < BACKOFF_RESET_S]
-        return float(min(BACKOFF_S * 2 ** max(len(self.exits) - 1, 0), BACKOFF_MAX_S))
+        return float(min(first_s * 2 ** max(len(self.exits) - 1, 0), BACKOFF_MAX_S))
 
     async def start(self, argv: list[str]) -> None:
         proc = self.proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
@@ -99,9 +99,13 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 class Supervisor:
     def __init__(
         self, settings: Settings, *, host: str, port: int, workers: int, config_path: str | None,
-        build_pool: Callable[[Settings], Pool],
+        build_pool: Callable[[Settings], Pool], backoff_s: float = BACKOFF_S,
+        worker_argv: Callable[[Path, Path, int], list[str]] | None = None,
     ) -> None:
+        """`worker_argv(config, hub socket, slot)`: how a worker is started (default: `gateway serve`)."""
         self.settings = settings
+        self.backoff_first_s = backoff_s
+        self._worker_argv = worker_argv
         self.host = host
         self.port = port
         self.slots = [Slot(i) for i in range(workers)]
@@ -116,6 +120,8 @@ class Supervisor:
         self._stop.set()
 
     def _argv(self, config: Path, hub_socket: Path, slot: Slot) -> list[str]:
+        if self._worker_argv is not None:
+            return self._worker_argv(config, hub_socket, slot.number)
         return [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--host", self.host,
                 "--port", str(self.port), "--reuse-port", "--hub", str(hub_socket), "--worker-slot", str(slot.number)]
 
@@ -173,7 +179,7 @@ class Supervisor:
                 return
             now = time.monotonic()
             slot.exits.append(now)
-            delay = slot.backoff_s(now)
+            delay = slot.backoff_s(now, self.backoff_first_s)
             log.error("worker %d (pid %d) exited with status %s; restarting it in %.1f s", slot.number,
                       slot.proc.pid, code, delay)
             while True:
