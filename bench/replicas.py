@@ -51,7 +51,8 @@ from .procs import Nginx, Proc, cpu_seconds, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-KEY = "sk-bench"
+KEY = "sk-bench"  # limited (the budget phase)
+FREE_KEY = "sk-bench-free"  # not limited (the placement phase)
 BODY = b'{"model":"moe","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
 
 
@@ -143,6 +144,9 @@ def key_entry(rpm: int) -> dict[str, Any]:
     return {"id": "bench", "key": hash_key(KEY), "requests_per_minute": rpm}
 
 
+FREE_ENTRY = {"id": "free", "key": hash_key(FREE_KEY)}
+
+
 # -- 1. the budget --------------------------------------------------------------------------------------
 
 def hammer(urls: list[str], seconds: float, threads: int = 6) -> tuple[int, int, float]:
@@ -199,7 +203,7 @@ def propagation(replicas: list[Replica], changes: int) -> list[float]:
 
 def placement(replicas: list[Replica], prompts: int) -> tuple[int, int]:
     agree = 0
-    clients = [httpx.Client(timeout=30) for _ in replicas]
+    clients = [httpx.Client(timeout=30, headers={"Authorization": f"Bearer {FREE_KEY}"}) for _ in replicas]
     try:
         for i in range(prompts):
             text = f"bench prompt {i:05d} " + "a shared system prompt of some length " * 6
@@ -268,7 +272,7 @@ def run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                                {"name": "vllm", "weight": 50, "backends": ["vllm-0"]},
                                {"name": "sglang", "weight": 50, "backends": ["vllm-1"]}]}}],
                 "health": {"interval_s": 1.0},
-                "auth": {"api_keys": [key_entry(args.rpm)]},
+                "auth": {"api_keys": [key_entry(args.rpm), FREE_ENTRY]},
             }
             # 1. the budget, with the store and without it (each replica then has its own)
             for shared in (True, False):
