@@ -27,7 +27,9 @@ import asyncio
 import logging
 from typing import Any
 
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from ..state.store import Store, StoreDown
 from .ratelimit import Admission, KeyLimits, Limiter
@@ -79,13 +81,35 @@ return 1
 """
 
 
+async def evalsha_all(client: Redis, script: AsyncScript, calls: list[tuple[list[str], list[int]]]) -> list[Any]:
+    """Run `script` once per (keys, args) in one round trip (a plain EVALSHA for one call, else a
+    pipeline); load it first if Redis does not know it (a new or restarted Redis). redis-py's own
+    pipelined scripts would ask SCRIPT EXISTS before every pipeline: a second round trip."""
+    for attempt in (0, 1):
+        if len(calls) == 1:
+            keys, args = calls[0]
+            try:
+                return [await client.evalsha(script.sha, len(keys), *keys, *args)]
+            except redis_errors.NoScriptError as exc:
+                answers: list[Any] = [exc]
+        else:
+            async with client.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                answers = await pipe.execute(raise_on_error=False)
+        if attempt or not any(isinstance(a, redis_errors.NoScriptError) for a in answers):
+            return answers
+        script.sha = await client.script_load(script.script)
+    return answers
+
+
 class RedisLimiter:
     """The fleet's buckets; `fallback` serves whenever the store cannot."""
 
     def __init__(self, store: Store, fallback: Limiter) -> None:
         self._store = store
         self.fallback = fallback
-        self._admit = store.client.register_script(ADMIT)
+        self._admit = store.client.register_script(ADMIT)  # (its sha; loaded on first NOSCRIPT)
         self._charge = store.client.register_script(CHARGE)
         self._pending: dict[str, tuple[KeyLimits, int]] = {}
         self._flush: asyncio.TimerHandle | None = None
@@ -106,9 +130,10 @@ class RedisLimiter:
             return await self.fallback.admit(key)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((self._keys(key.id), [rpm, tpm], answer))
-        if not self._sending:
+        if not self._sending:  # nothing under way: this request makes the round trip itself
             self._sending = True
-            asyncio.get_running_loop().call_soon(self._send)
+            batch, self._queue = self._queue, []
+            await self._round_trip(batch)
         try:
             admitted, wait, kind = await answer
         except StoreDown:
@@ -129,13 +154,9 @@ class RedisLimiter:
         task.add_done_callback(self._tasks.discard)
 
     async def _round_trip(self, batch: list[tuple[list[str], list[int], asyncio.Future[Any]]]) -> None:
-        """One pipeline of admissions; then the next batch, if any arrived meanwhile."""
-        async def op(client: Redis) -> list[Any]:
-            async with client.pipeline(transaction=False) as pipe:
-                for keys, args, _ in batch:
-                    await self._admit(keys=keys, args=args, client=pipe)
-                found: list[Any] = await pipe.execute(raise_on_error=False)
-                return found
+        """One round trip of admissions; then the next batch, if any arrived meanwhile."""
+        async def op(_: Redis) -> list[Any]:
+            return await evalsha_all(self._store.admissions, self._admit, [(keys, args) for keys, args, _ in batch])
 
         try:
             answers = await self._store.run(op)
@@ -176,11 +197,8 @@ class RedisLimiter:
             return
 
         async def op(client: Redis) -> Any:
-            async with client.pipeline(transaction=False) as pipe:
-                for key, tokens in batch.values():
-                    await self._charge(keys=self._keys(key.id)[1:], args=[key.tokens_per_minute or 0, tokens],
-                                       client=pipe)
-                return await pipe.execute()
+            calls = [(self._keys(key.id)[1:], [key.tokens_per_minute or 0, tokens]) for key, tokens in batch.values()]
+            return await evalsha_all(client, self._charge, calls)
 
         try:
             await self._store.run(op)

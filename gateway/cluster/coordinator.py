@@ -59,6 +59,7 @@ class Local:
         self.shared = shared
         self.fleet = fleet
         self._fleet_docs: dict[tuple[int, int], dict[str, Any]] = {}
+        self._fleet_comparer: Comparer | None = None
 
     def weights(self, model: str) -> dict[str, float]:
         return self._generations.current.proxy.weights(model)
@@ -97,7 +98,11 @@ class Local:
                     others = []
             wall = time.time()
             replica = self.fleet.replica if self.fleet is not None else os.uname().nodename
-            doc = {**await Comparer(merge([own, *others], now=now)).document_async(now, window), "scope": "fleet",
+            merged = merge([own, *others], now=now)
+            if self._fleet_comparer is None:
+                self._fleet_comparer = Comparer(merged)
+            self._fleet_comparer.book = merged
+            doc = {**await self._fleet_comparer.document_async(now, window), "scope": "fleet",
                    "workers": 1, "replicas": [{"replica": replica, "workers": 1, "age_s": 0.0},
                                               *(replica_row(o, wall) for o in others)]}
             self._fleet_docs = {key: doc}

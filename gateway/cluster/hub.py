@@ -122,6 +122,7 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
         self._docs: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self._comparers: dict[str, Comparer] = {}
         self.restart_count = 0
 
     def restarted(self) -> None:
@@ -292,7 +293,12 @@ class Hub:
             extra["replicas"] = [{"replica": self.replica, "workers": len(exports), "age_s": 0.0},
                                  *(replica_row(o, wall) for o in others)]
             exports = [own, *others]
-        doc = {**await Comparer(merge(exports, now=now)).document_async(now, window), **extra}
+        comparer = self._comparers.get(scope)
+        merged = merge(exports, now=now)
+        if comparer is None:
+            comparer = self._comparers[scope] = Comparer(merged)
+        comparer.book = merged  # (its A/B analyses are kept for 5 s, as a worker's own are)
+        doc = {**await comparer.document_async(now, window), **extra}
         self._docs = {k: v for k, v in self._docs.items() if k[2] == key[2]}
         self._docs[key] = doc
         return doc

@@ -73,6 +73,13 @@ class Store:
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
         )
         self.client: Redis = Redis.from_pool(pool)  # owns the pool: closing the client closes it
+        # The rate limiter's pipelined admissions (one round trip in flight at a time) on a connection of
+        # their own: no pool to wait on, the cheapest path through redis-py (~100 µs of CPU a call here).
+        self.admissions: Redis = Redis.from_url(
+            config.redis_url, single_connection_client=True, socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+            health_check_interval=0,
+        )
         self.up = False
         self._down_since: float | None = clock()  # unknown until the first ping: not up
         self._reported = False  # the current outage has been logged
@@ -107,8 +114,9 @@ class Store:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
-        with contextlib.suppress(Exception):
-            await self.client.aclose()
+        for client in (self.admissions, self.client):
+            with contextlib.suppress(Exception):
+                await client.aclose()
 
     async def run(self, op: Callable[[Redis], Awaitable[T]]) -> T:
         """`op(client)`, or StoreDown when the store is down, fails or is slower than the timeout."""
@@ -181,8 +189,9 @@ class Store:
                     await self._ping()
                 delay = BACKOFF_S[0]
                 continue
-            with contextlib.suppress(Exception):  # connections from before the outage are dead: drop them all
-                await self.client.connection_pool.disconnect()
+            for client in (self.client, self.admissions):  # connections from before the outage are dead
+                with contextlib.suppress(Exception):
+                    await client.connection_pool.disconnect()
             await asyncio.sleep(delay)
             if not await self._ping():
                 delay = min(delay * 2, BACKOFF_S[1])
