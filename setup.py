@@ -29,6 +29,8 @@ NATIVE = [
     "gateway/client/pool.py",
     "gateway/client/response.py",
     "gateway/http/native_front.py",
+    "gateway/http/reader.py",
+    "gateway/http/wire.py",
     "gateway/json_codec.py",
     "gateway/observability/arms.py",
     "gateway/observability/lockfree.py",

@@ -84,7 +84,8 @@ def _check_config(path: str) -> int:
     except (ConfigError, OSError) as exc:
         _print_config_error(exc)
         return 1
-    print(f"{path}: OK ({len(settings.backends)} backends, {len(settings.routes)} routes)")
+    found = f", {len(settings.discovery)} discovery entries" if settings.discovery else ""
+    print(f"{path}: OK ({len(settings.backends)} backends{found}, {len(settings.routes)} routes)")
     return 0
 
 

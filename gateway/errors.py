@@ -3,8 +3,10 @@
 GatewayError                      anything the client sees as an OpenAI error body
 ├── InvalidRequest      400       malformed JSON, wrong types, missing fields
 ├── BodyTooLarge        413
+├── HeadersTooLarge     431       a request line, header field or header section over its limit
 ├── ModelNotFound       404       model_not_found (also: a model the client's key may not use)
 ├── Unauthorized        401       invalid_api_key / invalid_admin_token
+├── Forbidden           403       admin writes with no admin token on a non-loopback listener
 ├── RateLimited         429       rate_limit_exceeded, with Retry-After
 ├── RequestTimeout      408       headers or body not received in time
 ├── NoHealthyBackend    503       with Retry-After
@@ -65,6 +67,12 @@ class BodyTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_headers_too_large"
 
 
 class ModelNotFound(GatewayError):
@@ -173,6 +181,17 @@ class Unauthorized(GatewayError):
 
     def __init__(self, message: str, *, code: str = "invalid_api_key", challenge: str | None = None) -> None:
         super().__init__(message, headers={"WWW-Authenticate": challenge or 'Bearer realm="gateway"'})
+        self.code = code
+
+
+class Forbidden(GatewayError):
+    """Authenticated or not, this caller may not do this (OpenAI's `permission_error`)."""
+
+    status = 403
+    type = "permission_error"
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
         self.code = code
 
 

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, fie
 
 from backends.base import Runtime
 
+from .discovery.config import DiscoveryEntry, duplicate_entry_names
+
 PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
 _NAME = r"^[A-Za-z0-9_.:-]+$"
 _DIGEST = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
@@ -44,7 +46,9 @@ class Listen(_Strict):
 
 
 class Backend(_Strict):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    # `[` `]` and the length are for discovered backends, named `<entry>-<address>:<port>` with IPv6
+    # addresses in brackets (an entry name of 40 and `-[` 39 `]:65535`).
+    name: Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")]
     runtime: Runtime
     url: HttpUrl
     model: Annotated[str, Field(min_length=1)]
@@ -157,6 +161,8 @@ class Health(_Strict):
 class Limits(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 8190  # one request/header line
+    # the whole head: request line and every header line, CRLFs included (many small headers)
+    max_header_section_bytes: Annotated[int, Field(ge=1024, le=4 * 1024 * 1024)] = 32768
     header_timeout_s: Annotated[float, Field(gt=0)] = 10.0  # until a request's headers are complete
     body_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # until its body is complete
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0  # SIGTERM: how long in-flight requests may finish
@@ -215,7 +221,8 @@ class State(_Strict):
 
 class Settings(_Strict):
     listen: Listen = Listen()
-    backends: Annotated[list[Backend], Field(min_length=1)]
+    backends: list[Backend] = []  # static backends; may be empty when `discovery` finds them
+    discovery: list[DiscoveryEntry] = []  # pools of backends found in DNS or Kubernetes (gateway.discovery)
     routes: Annotated[list[Route], Field(min_length=1)]
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
@@ -227,19 +234,24 @@ class Settings(_Strict):
     @model_validator(mode="after")
     def _references_resolve(self) -> Settings:
         names = [b.name for b in self.backends]
+        if not names and not self.discovery:
+            raise ValueError("give `backends`, `discovery` or both: there is nothing to route to")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"backends: duplicate backend names {dupes}")
+        clashes = duplicate_entry_names(self.discovery, names)
+        if clashes:
+            raise ValueError(f"discovery: names used twice, or by a static backend: {clashes}")
         models = [r.model for r in self.routes]
         dupe_models = sorted({m for m in models if models.count(m) > 1})
         if dupe_models:
             raise ValueError(f"routes: duplicate route models {dupe_models}")
-        known = set(names)
+        known = set(names) | {e.name for e in self.discovery}  # a discovery name stands for all its backends
         for i, route in enumerate(self.routes):
             missing = [b for b in route.candidates if b not in known]
             if missing:
                 where = "backends" if route.split is None else "split.arms"
-                raise ValueError(f"routes.{i}.{where}: unknown backend(s) {missing}")
+                raise ValueError(f"routes.{i}.{where}: unknown backend(s) or discovery pool(s) {missing}")
         for i, key in enumerate(self.auth.api_keys):
             unknown = sorted(set(key.models or ()) - set(models))
             if unknown:

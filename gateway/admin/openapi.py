@@ -19,12 +19,13 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "invalid request", 401: "missing or invalid API key", 404: "unknown model",
             408: "request not received in time", 413: "body too large", 429: "rate limited (Retry-After)",
+            431: "request line, a header field or the header section too large",
             502: "backend answered garbage", 503: "no healthy backend (Retry-After)", 504: "backend timed out"}
     return {str(s): {"description": text.get(s, "error"),
                      "content": {"application/json": {"schema": _ERROR}}} for s in statuses}
 
 
-_GEN_ERRORS = (400, 401, 404, 408, 413, 429, 502, 503, 504)
+_GEN_ERRORS = (400, 401, 404, 408, 413, 429, 431, 502, 503, 504)
 _COMMON = {
     "model": {"type": "string", "minLength": 1},
     "stream": {"type": ["boolean", "null"]},

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from ..access.ratelimit import Admission, KeyLimits, Limiter
 from ..state.generations import Generations
+from ..state.health import Poller
 from ..state.health_feed import FollowedPoller, ProbeFeed
 from ..state.pool import Pool
 from ..state.reload import Reloaded, Reloader, ReloadRejected
@@ -97,8 +98,9 @@ class WorkerLink:
     def limiter(self, fallback: Limiter) -> HostLimiter:
         return HostLimiter(self.channel, fallback)
 
-    def poller(self, pool: Pool, clock: Callable[[], float]) -> FollowedPoller:
-        return FollowedPoller(pool, self.feed, clock)
+    def poller(self, pool: Pool, clock: Callable[[], float], own: Poller) -> FollowedPoller:
+        """The supervisor's probe results for `pool`; `own` probes what the supervisor does not."""
+        return FollowedPoller(pool, self.feed, clock, own)
 
     def attach(self, parts: WorkerParts) -> Remote:
         """Answer the hub from now on; adopt the weights set at run time; the worker's coordinator."""

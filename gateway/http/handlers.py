@@ -13,6 +13,7 @@ from prometheus_client.exposition import choose_encoder
 from backends.base import Endpoint
 
 from .. import json_codec
+from ..access.auth import KEY_MODELS
 from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..proxy.sink import Entry
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 _HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
@@ -32,7 +34,7 @@ def json_response(obj: object, *, status: int = 200, headers: dict[str, str] | N
 
 def _error_response(exc: GatewayError, request: web.Request) -> web.Response:
     headers = dict(exc.headers)
-    request_id = request.get("request_id") or request.headers.get("x-request-id")
+    request_id = request.get(REQUEST_ID) or request.headers.get("x-request-id")
     if request_id:
         headers["x-request-id"] = request_id
     response = web.Response(body=exc.render(), status=exc.status, headers=headers, content_type="application/json")
@@ -77,7 +79,7 @@ class Handlers:
         self._serve_metrics = serve_metrics
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        request_id = request["request_id"] = choose_request_id(request.headers.get("x-request-id"))
+        request_id = request[REQUEST_ID] = choose_request_id(request.headers.get("x-request-id"))
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await request.read()
@@ -99,7 +101,7 @@ class Handlers:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
     async def models(self, request: web.Request) -> web.Response:
-        allowed = request.get("api_key_models")
+        allowed = request.get(KEY_MODELS)
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "gateway"}
             for m in self._generations.current.proxy.route_models

@@ -3,51 +3,89 @@ statistics and per-key accounting are all fed from (`proxy.accounting` builds it
 
 from __future__ import annotations
 
-import random
+import math
 from bisect import bisect_left
 from collections.abc import Iterable
 
 from backends.base import Usage
 from backends.values import value
 
-from .reservoir import Reservoir
-
 NONE = "none"  # the label of what is not known (unroutable requests: no backend, runtime or route)
 
 # Inter-token latency histogram bounds, shared by the Prometheus family and each stream's own counts.
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
-GAP_SAMPLE = 16  # inter-token gaps each stream keeps for the live percentiles (a uniform sample)
+# The live percentiles' resolution: log-spaced cells 2% wide, so a percentile read from the cells is
+# within 1% of the exact one (and exact while a cell holds one distinct value).
+CELL_BASE = 1.02
+_LOG_BASE = math.log(CELL_BASE)
+
+
+class GapHistogram:
+    """Inter-token gaps as counts in log-spaced cells: O(distinct cells) memory, exact counts, merged
+    by adding counts. Each cell also keeps the smallest and largest gap it saw, so a cell that only
+    ever saw one value reports it exactly."""
+
+    __slots__ = ("cells", "count")
+
+    def __init__(self) -> None:
+        self.cells: dict[int, list[float]] = {}  # cell -> [count, smallest, largest]
+        self.count = 0
+
+    def add(self, gap_s: float, times: int = 1) -> None:
+        self.count += times
+        i = math.floor(math.log(gap_s) / _LOG_BASE) if gap_s > 0 else -(10**6)
+        cell = self.cells.get(i)
+        if cell is None:
+            self.cells[i] = [float(times), gap_s, gap_s]
+            return
+        cell[0] += times
+        if gap_s < cell[1]:
+            cell[1] = gap_s
+        elif gap_s > cell[2]:
+            cell[2] = gap_s
+
+    def merge(self, other: GapHistogram) -> None:
+        self.count += other.count
+        cells = self.cells
+        for i, (n, lo, hi) in other.cells.items():
+            cell = cells.get(i)
+            if cell is None:
+                cells[i] = [n, lo, hi]
+            else:
+                cell[0] += n
+                if lo < cell[1]:
+                    cell[1] = lo
+                if hi > cell[2]:
+                    cell[2] = hi
 
 
 class Gaps:
     """One stream's inter-token gaps in O(1) memory, however long the stream: their count and sum,
     their counts per `ITL_BUCKETS` bucket (merged exactly into the Prometheus histogram) and a
-    uniform sample of `GAP_SAMPLE` (merged into the statistics windows, weighted by what it stands
-    for)."""
+    `GapHistogram` (merged into the statistics windows)."""
 
-    __slots__ = ("buckets", "count", "rng", "sample", "sum")
+    __slots__ = ("buckets", "count", "hist", "sum")
 
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
+    def __init__(self) -> None:
         self.count = 0
         self.sum = 0.0
         self.buckets = [0] * (len(ITL_BUCKETS) + 1)  # the last: above every bound
-        self.sample = Reservoir(GAP_SAMPLE)
+        self.hist = GapHistogram()
 
     def add(self, gap_s: float, times: int = 1) -> None:
         """`times` gaps of `gap_s` each (tokens that arrived together share the interval before them)."""
         self.count += times
         self.sum += gap_s * times
         self.buckets[bisect_left(ITL_BUCKETS, gap_s)] += times
-        self.sample.add_many(gap_s, times, self.rng)
+        self.hist.add(gap_s, times)
 
     @property
     def mean_s(self) -> float | None:
         return self.sum / self.count if self.count else None
 
     @classmethod
-    def of(cls, gaps_s: Iterable[float], rng: random.Random | None = None) -> Gaps:
-        gaps = cls(rng if rng is not None else random.Random(0))
+    def of(cls, gaps_s: Iterable[float]) -> Gaps:
+        gaps = cls()
         for gap in gaps_s:
             gaps.add(gap)
         return gaps

@@ -136,7 +136,8 @@ class Attempts:
 
     async def open(self, route: RouteState, ex: Exchange, candidates: list[str], *, shadow: bool = False) -> Opened:
         """The first attempt that opens, or the GatewayError the client gets. `shadow` requests are
-        not counted in the client-facing routing metrics."""
+        not counted in the client-facing routing metrics. `candidates` may name discovery pools."""
+        candidates = self._pool.expand(candidates)
         attempts = 0
         while True:
             state = self._decide(route, ex, candidates, count=not shadow)

@@ -53,5 +53,5 @@ class Dispatcher:
             self._accounting.finish(ex)
             self._generations.leave(generation)
 
-    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+    def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
         self._accounting.finish(Exchange(request_id or "", endpoint, self._clock(), status=str(status)))

@@ -7,7 +7,6 @@ started, a failure ends it with an OpenAI error event and `[DONE]`; it is never 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 from backends.base import ErrorBody, UpstreamFormatError
@@ -46,12 +45,11 @@ def response_headers(state: BackendState, ex: Exchange, content_type: str) -> di
 
 class Relay:
     def __init__(
-        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float], rng: random.Random
+        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float]
     ) -> None:
         self._deadlines = deadlines
         self._timeouts = timeouts
         self._clock = clock
-        self._rng = rng
 
     def body(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
@@ -75,7 +73,6 @@ class Relay:
             backend_model=parsed.model if translator is not None else state.config.model,
             client_model=parsed.model,
             include_usage=parsed.request.include_usage,
-            rng=self._rng,
         )
         ex.stream = relay.stats
         clock = self._clock

@@ -19,6 +19,7 @@ from ..errors import InvalidRequest, ModelNotFound, NoHealthyBackend
 from ..observability.metrics import Recorder
 from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
 from ..routing.features import api_key_digest
+from ..routing.registry import PREFIX_POLICIES
 from ..settings import Settings
 from ..state.pool import Pool
 from ..state.splits import Splits
@@ -62,12 +63,13 @@ class Proxy:
             for r in settings.routes
         }
         self.routing = routing if routing is not None else RoutingState()
+        self._hash_prompts = any(r.policy in PREFIX_POLICIES for r in settings.routes)
         deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
         self._attempts = Attempts(
             pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,
             max_attempts=settings.retries.max_attempts, clock=clock, rng=rng, throughput=throughput,
         )
-        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock, rng=rng)
+        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock)
         self.shadows = Shadows(self._attempts, recorder, self.routing, deadlines, timeouts=settings.timeouts,
                                clock=clock, rng=rng)
 
@@ -101,7 +103,7 @@ class Proxy:
             )
         ex.model = parsed.model
         try:
-            ex.features = describe(parsed.request.body, ex.endpoint, headers)
+            ex.features = describe(parsed.request.body, ex.endpoint, headers, hash_prompt=self._hash_prompts)
         except BadRoutingHeader as bad:
             raise InvalidRequest(str(bad), param=bad.header) from bad
 
@@ -131,7 +133,7 @@ class Proxy:
         if sticky is None and split.sticky == "api_key":
             digest = ex.key.id if ex.key is not None else api_key_digest(headers)
             sticky = "k:" + digest if digest else None
-        healthy = {s.name for s in self.pool if s.healthy}
+        healthy = self.pool.healthy_names()  # arms may name discovery pools
         choice = split.choose(sticky, healthy, self._rng)
         if choice is None:
             raise NoHealthyBackend(f"No arm of `{route.config.model}` has a healthy backend.")

@@ -22,7 +22,6 @@ share it, k gaps of T / k, so engines that flush several tokens at once do not b
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +88,7 @@ class StreamStats:
 
 class SseRelay:
     def __init__(
-        self, *, backend_model: str, client_model: str, include_usage: bool, rng: random.Random | None = None
+        self, *, backend_model: str, client_model: str, include_usage: bool
     ) -> None:
         self._buf = b""
         self._cr: bool | None = None  # the stream uses CR line ends (decided on its first bytes)
@@ -99,7 +98,7 @@ class SseRelay:
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
-        self.stats = StreamStats(Gaps(rng if rng is not None else random.Random()))
+        self.stats = StreamStats(Gaps())
 
     def feed(self, data: bytes, now: float) -> bytes:
         """The complete events of `buffered + data`, as the client gets them."""
@@ -122,39 +121,58 @@ class SseRelay:
             self._keep(buf)
             return b""
         self._keep(buf[end + 2:])
-        out: list[bytes] = []
+        # Walk the complete events in place: ordinary token events are recognised by their prefix and
+        # stay where they are; only events that change (usage dropped, errors normalised) are cut out.
+        parts: list[bytes] | None = None  # the output in pieces, once anything differs from the input
+        copied = 0  # buf[:copied] is in `parts`
         tokens = 0
-        for event in buf[:end].split(b"\n\n"):
-            if not event:
+        pos = 0
+        stop = end + 2
+        plen = len(prefix) if prefix is not None else 0
+        while pos < stop:
+            if buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
+                pos += 1
                 continue
-            if (prefix is not None and event.startswith(prefix) and len(event) > len(prefix)
-                    and event[len(prefix)] != 34):
+            nxt = buf.find(b"\n\n", pos)
+            if prefix is not None and buf.startswith(prefix, pos) and pos + plen < nxt and buf[pos + plen] != 34:
                 tokens += 1
-                out.append(event)
+                pos = nxt + 2
                 continue
+            event = buf[pos:nxt]
             kept, is_token = self._event(event)
             if is_token:
                 tokens += 1
                 prefix = self._prefix
-            if kept is not None:
-                out.append(kept)
+                plen = len(prefix) if prefix is not None else 0
+            if kept is not event:
+                if parts is None:
+                    parts = []
+                parts.append(buf[copied:pos])
+                if kept is not None:
+                    parts.append(kept + b"\n\n")
+                copied = nxt + 2
+            pos = nxt + 2
         if tokens:
             self._tokens(tokens, now)
-        if not out:
-            return b""
-        out.append(b"")
-        joined = b"\n\n".join(out)
+        if parts is None:
+            out = buf[:stop] if stop < len(buf) else buf
+        else:
+            parts.append(buf[copied:stop])
+            out = b"".join(parts)
         swap = self._swap
-        return joined.replace(swap[0], swap[1]) if swap is not None else joined
+        return out.replace(swap[0], swap[1]) if swap is not None and out else out
 
     def close(self, now: float) -> bytes:
         """The end of the upstream stream: a last event that lacked its blank line is still relayed."""
         rest, self._buf = self._buf, b""
-        if self._held_cr:
+        if self._held_cr:  # the stream ended on a CR: it was a line end
             self._held_cr = False
+            rest += b"\n"
         if not rest.strip():
             return b""
-        return self.feed(rest + b"\n\n", now)
+        if not rest.endswith(b"\n\n"):
+            rest += b"\n" if rest.endswith(b"\n") else b"\n\n"
+        return self.feed(rest, now)
 
     # -- internals --------------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Periodic readiness probes and load scrapes, one task for the whole pool.
 
 Each round probes every backend's readiness and scrapes its load concurrently, then sleeps. The
-clock and sleep are injected; a round can also be run directly (`poll_once`) by tests and at startup.
+clock and sleep are injected; a round can also be run directly (`poll_once`) by tests and at startup,
+and one backend at once (`poll_backend`: a discovered backend is probed as soon as it joins). Draining
+backends are not probed: they get no new requests whatever a probe says.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Poller(Protocol):
 
     async def poll_once(self) -> None: ...
 
+    async def poll_backend(self, state: BackendState) -> None: ...
+
     async def run(self) -> None: ...
 
 
@@ -50,14 +54,15 @@ class HealthPoller:
         self._sleep = sleep
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._poll(s) for s in self._pool))
+        await asyncio.gather(*(self.poll_backend(s) for s in self._pool if not s.draining))
 
     async def run(self) -> None:
         while True:
             await self._sleep(self._interval_s)
             await self.poll_once()
 
-    async def _poll(self, state: BackendState) -> None:
+    async def poll_backend(self, state: BackendState) -> None:
+        """Probe one backend's readiness and scrape its load."""
         await asyncio.gather(self._probe(state), self._scrape(state))
 
     async def _probe(self, state: BackendState) -> None:

@@ -6,7 +6,9 @@ worker the results (`results`), each worker's `ProbeFeed` keeps the latest per b
 pools of its config generations follow it (`FollowedPoller`, in place of their own poller): a probe
 marks a backend up or down, re-admits an ejected one once its cool-down is over, and sets its engine
 load, exactly as if the worker had probed it itself, on the worker's own clock. Outlier ejection
-stays per worker (it judges the requests that worker sent).
+stays per worker (it judges the requests that worker sent). A backend the supervisor does not probe
+(one that this worker's discovery found: discovery runs in every worker) is probed by the worker
+itself, on the supervisor's rounds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from backends.base import Load
 
-from .pool import Pool
+from .health import Poller
+from .pool import BackendState, Pool
 
 Result = list[Any]  # [backend, probe ok, error or None, load as a dict]
 
@@ -63,15 +66,27 @@ def apply(pool: Pool, found: Iterable[Result], now: float) -> None:
 
 
 class FollowedPoller:
-    """A config generation's poller that probes nothing: it applies what the feed receives."""
+    """A config generation's poller that applies what the feed receives; `own` probes only the
+    backends the feed says nothing about."""
 
-    def __init__(self, pool: Pool, feed: ProbeFeed, clock: Callable[[], float]) -> None:
+    def __init__(self, pool: Pool, feed: ProbeFeed, clock: Callable[[], float], own: Poller) -> None:
         self._pool = pool
         self._feed = feed
         self._clock = clock
+        self._own = own
 
     async def poll_once(self) -> None:
         apply(self._pool, self._feed.latest.values(), self._clock())
+        unknown = [s for s in self._pool if s.name not in self._feed.latest and not s.draining]
+        if unknown:
+            await asyncio.gather(*(self._own.poll_backend(s) for s in unknown))
+
+    async def poll_backend(self, state: BackendState) -> None:
+        found = self._feed.latest.get(state.name)
+        if found is None:
+            await self._own.poll_backend(state)
+        else:
+            apply(self._pool, [found], self._clock())
 
     async def run(self) -> None:
         seen = self._feed.rounds

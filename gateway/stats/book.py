@@ -2,6 +2,7 @@
 
 Groups are fixed by the config (each backend, each runtime, each A/B arm of each split route, and
 the whole gateway), so label-like cardinality and memory are bounded no matter what clients send.
+Discovered backends get groups while they are in the pool (`reconfigure(..., backends=, pools=)`).
 The book reads no clock: each Outcome carries `finished_at` (the Recorder stamps it with the app's
 clock) and each query is given `now`.
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..observability.outcome import NONE, Outcome
-from ..settings import Settings
+from ..settings import Backend, Settings
 from .window import Sample, Series
 
 WeightsFn = Callable[[str], Mapping[str, float]]
@@ -78,19 +79,31 @@ class StatsBook:
                route: str | None = None) -> Group:
         return Group(kind, name, tuple(backends), runtime, route, Series(self.started_at, self._rng))
 
-    def reconfigure(self, settings: Settings) -> None:
-        """Adopt a (re)loaded config: groups for new backends, runtimes and arms start empty; existing
-        ones keep their history (a backend is identified by its name), with membership and prices
-        updated. Groups that the new config no longer has are dropped."""
+    def reconfigure(
+        self, settings: Settings, *, backends: Sequence[Backend] | None = None,
+        pools: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Adopt a (re)loaded config, or a change of discovered backends: groups for new backends,
+        runtimes and arms start empty; existing ones keep their history (a backend is identified by
+        its name), with membership and prices updated. Groups no longer there are dropped.
+
+        `backends` are the pool's (default: the config's static ones); `pools` maps each discovery
+        pool that an arm may name to its current members."""
         self.settings = settings
-        self.prices = {b.name: b.usd_per_hour for b in settings.backends}
-        backends = {}
-        for b in settings.backends:
+        listed = list(settings.backends) if backends is None else list(backends)
+        pools = pools or {}
+
+        def expand(names: Sequence[str]) -> tuple[str, ...]:
+            return tuple(m for n in names for m in pools.get(n, (n,)))
+
+        self.prices = {b.name: b.usd_per_hour for b in listed}
+        backends_now = {}
+        for b in listed:
             old = self.backends.get(b.name)
-            backends[b.name] = old if old is not None else self._group("backend", b.name, [b.name], b.runtime.value)
-        self.backends = backends
+            backends_now[b.name] = old if old is not None else self._group("backend", b.name, [b.name], b.runtime.value)
+        self.backends = backends_now
         members: dict[str, list[str]] = {}
-        for b in settings.backends:
+        for b in listed:
             members.setdefault(b.runtime.value, []).append(b.name)
         runtimes = {}
         for rt, names in members.items():
@@ -103,10 +116,11 @@ class StatsBook:
             if r.split is not None:
                 for a in r.split.arms:
                     old_arm = self.arms.get((r.model, a.name))
-                    arms[(r.model, a.name)] = (replace(old_arm, backends=tuple(a.backends)) if old_arm is not None
-                                               else self._group("arm", a.name, a.backends, route=r.model))
+                    arm_backends = expand(a.backends)
+                    arms[(r.model, a.name)] = (replace(old_arm, backends=arm_backends) if old_arm is not None
+                                               else self._group("arm", a.name, list(arm_backends), route=r.model))
         self.arms = arms
-        self.total = replace(self.total, backends=tuple(b.name for b in settings.backends))
+        self.total = replace(self.total, backends=tuple(b.name for b in listed))
 
     def peak_output_tps(self, backend: str) -> float | None:
         """`backend`'s best output tokens/s, for the cost policy: the 90th percentile of its busy 10-s

@@ -9,10 +9,11 @@ reads exactly like a live one.
 What a merge guarantees:
 - counts (requests, errors, tokens, SLA tallies) and throughput (output tokens attributed to each
   second) are the exact sums of the sources';
-- latency percentiles come from the union of the sources' reservoirs, each retained sample weighted
-  by its source's `seen / kept`; while no source bucket overflowed its cap the merged samples are
-  exactly the sources' samples (the figures are exact), otherwise the merged bucket is a uniform
-  sample of them (`Reservoir.absorb`, seeded);
+- inter-token gaps are log-cell histograms (`GapHistogram`): merged by adding counts, exactly;
+- the other latency percentiles (TTFT, TPOT, end to end) come from the union of the sources'
+  reservoirs: while no source bucket overflowed its cap the merged samples are exactly the sources'
+  samples (the figures are exact); otherwise the merged bucket holds as many samples, drawn from the
+  sources' in proportion to what each stands for (`seen / kept`, seeded);
 - best throughput: the spans each source already scored are summed by their end second (spans end
   on whole multiples of 10 s of the shared clock, `peak`), and the spans not yet scored everywhere
   are scored again from the merged 1-s buckets.
@@ -33,14 +34,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..observability.outcome import GapHistogram
 from ..observability.reservoir import Reservoir
 from .book import Group, WeightsFn
 from .views import BookView
 from .window import COARSE_BUCKETS, COARSE_S, FINE_BUCKETS, Bucket, Ring, Series
 
-VERSION = 1
+VERSION = 2
 _COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "sla_met", "sla_missed")
-_SAMPLES = ("ttft", "itl", "tpot", "e2e")
+_SAMPLES = ("ttft", "tpot", "e2e")
 
 Export = dict[str, Any]
 
@@ -53,9 +55,13 @@ def _reservoir(r: Reservoir, max_samples: int | None) -> list[Any]:
     return [r.seen, values]
 
 
+def _gaps(h: GapHistogram) -> list[Any]:
+    return [h.count, [[i, *cell] for i, cell in h.cells.items()]]
+
+
 def _bucket(b: Bucket, max_samples: int | None) -> list[Any]:
     return [b.index, *(getattr(b, k) for k in _COUNTS), b.output_tokens,
-            *(_reservoir(getattr(b, k), max_samples) for k in _SAMPLES)]
+            *(_reservoir(getattr(b, k), max_samples) for k in _SAMPLES), _gaps(b.itl)]
 
 
 def _group(g: Group, now: float, max_samples: int | None) -> dict[str, Any]:
@@ -112,12 +118,20 @@ def _merged_reservoir(parts: Sequence[list[Any]], rng: random.Random) -> Reservo
         merged.values = array("d", [v for _, values in parts for v in values])
         merged.seen = kept if exact else int(parts[0][0])
         return merged
-    for seen, values in parts:
-        if values:
-            source = Reservoir(len(values))
-            source.values = array("d", values)
-            source.seen = int(seen)
-            merged.absorb(source, rng)
+    values = [v for _, vs in parts for v in vs]
+    weights = [int(seen) / len(vs) for seen, vs in parts for _ in vs]
+    merged.values = array("d", rng.choices(values, weights, k=kept))
+    merged.seen = sum(int(seen) for seen, _ in parts)
+    return merged
+
+
+def _merged_gaps(parts: Sequence[list[Any]]) -> GapHistogram:
+    merged = GapHistogram()
+    for count, cells in parts:
+        source = GapHistogram()
+        source.count = int(count)
+        source.cells = {int(i): [float(n), float(lo), float(hi)] for i, n, lo, hi in cells}
+        merged.merge(source)
     return merged
 
 
@@ -129,6 +143,7 @@ def _fill(ring: Ring, rows: Mapping[int, list[list[Any]]], rng: random.Random) -
         b.output_tokens = sum(float(row[len(_COUNTS) + 1]) for row in sources)
         for j, name in enumerate(_SAMPLES, start=len(_COUNTS) + 2):
             setattr(b, name, _merged_reservoir([row[j] for row in sources], rng))
+        b.itl = _merged_gaps([row[len(_COUNTS) + 2 + len(_SAMPLES)] for row in sources])
 
 
 def _series(p: _Parts, now: float, rng: random.Random) -> Series:

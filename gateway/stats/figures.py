@@ -15,7 +15,7 @@ from typing import Any
 
 from .book import Group
 from .cost import group_price, usd_per_million
-from .quantiles import summary
+from .quantiles import gap_summary, summary
 from .views import BookView
 from .window import View
 
@@ -56,7 +56,7 @@ def figures(book: BookView, g: Group, now: float, window_s: int) -> dict[str, An
         "output_tokens_per_s": out_tps,
         "cached_token_share": _ratio(cached, prompt),
         "ttft_s": summary(b.ttft for b in bs),
-        "itl_s": summary(b.itl for b in bs),
+        "itl_s": gap_summary(b.itl for b in bs),
         "tpot_s": summary(b.tpot for b in bs),
         "e2e_s": summary(b.e2e for b in bs),
         "sla": {"met": met, "missed": missed, "attainment": _ratio(met, met + missed)},
@@ -65,5 +65,8 @@ def figures(book: BookView, g: Group, now: float, window_s: int) -> dict[str, An
             "usd_per_million_output_tokens": usd_per_million(price, out_tps),
             "best_output_tokens_per_s": peak,
             "usd_per_million_output_tokens_at_best": usd_per_million(price, peak),
+            # how much of its sustained throughput the group used in the window: the at-load cost is the
+            # at-best cost divided by this (an idle fleet's hours are paid for all the same)
+            "utilisation": out_tps / peak if out_tps is not None and peak else None,
         },
     }

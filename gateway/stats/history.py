@@ -12,7 +12,7 @@ from typing import Any
 
 from .book import Group
 from .cost import group_price, usd_per_million
-from .quantiles import summary
+from .quantiles import gap_summary, summary
 from .views import BookView
 
 STEP_S = 10
@@ -37,7 +37,7 @@ def group_history(book: BookView, g: Group, now: float) -> dict[str, list[float 
         tps = math.fsum(b.output_tokens for b in bs) / span  # generated in the step (see `window`)
         out["output_tokens_per_s"].append(tps)
         out["ttft_p50_s"].append(summary((b.ttft for b in bs), (0.5,))["p50"])
-        out["itl_p50_s"].append(summary((b.itl for b in bs), (0.5,))["p50"])
+        out["itl_p50_s"].append(gap_summary((b.itl for b in bs), (0.5,))["p50"])
         out["usd_per_million_output_tokens"].append(usd_per_million(price, tps))
     return out
 

@@ -65,7 +65,7 @@ def refusals(config: dict[str, Any]) -> list[str]:
 
 
 def test_the_expected_kustomizations_exist() -> None:
-    assert {"base", "overlays/redis", "overlays/prometheus"} <= set(ALL)
+    assert {"base", "overlays/redis", "overlays/prometheus", "overlays/discovery"} <= set(ALL)
 
 
 @pytest.mark.parametrize("kustomization", ALL)
@@ -204,3 +204,21 @@ def test_the_prometheus_overlay_annotates_the_pods_for_scraping() -> None:
                            "prometheus.io/path": "/metrics"}
     assert "annotations" not in find(render("base"), "Deployment", GATEWAY)["spec"]["template"]["metadata"]
     assert not [r for r in resources if r["apiVersion"].startswith("monitoring.coreos.com")]
+
+
+def test_the_discovery_overlay_finds_every_backend_in_the_cluster_with_the_pods_own_account() -> None:
+    """No static backends: pools by label selector and by a Service's EndpointSlices, in-cluster
+    credentials, in the gateway's namespace (where the base's Role grants the reads)."""
+    resources = render("overlays/discovery")
+    settings = parse_settings(gateway_config(resources), source="overlays/discovery/gateway.yaml")
+    assert settings.backends == []
+    sources = {e.name: e.kubernetes for e in settings.discovery}
+    assert all(k is not None and k.kubeconfig is None and k.namespace is None for k in sources.values())
+    assert {k.label_selector is not None for k in sources.values() if k is not None} == {True, False}
+    assert [r.candidates for r in settings.routes] == [list(sources)]
+    pod = find(resources, "Deployment", GATEWAY)["spec"]["template"]["spec"]
+    assert pod.get("automountServiceAccountToken", True) is True  # the in-cluster token is mounted
+    base = gateway_config(render("base"))
+    overlay = gateway_config(resources)
+    assert {k: v for k, v in overlay.items() if k not in ("discovery", "routes")} == {
+        k: v for k, v in base.items() if k not in ("backends", "routes")}
