@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="short runs (a few minutes in all)")
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="workers per replica")
-    parser.add_argument("--rpm", type=int, default=600, help="the budget of the rate-limit phase")
+    parser.add_argument("--rpm", type=int, default=120,
+                        help="the rate-limit phase's budget (below what the clients can send)")
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     parser.add_argument("--runs", type=int, default=None, help="alternating runs per overhead variant")
     parser.add_argument("--out", default=str(RESULTS / "replicas.md"))
@@ -234,17 +235,25 @@ def wrk_fleet(urls: list[str], tmp: Path, *, connections: int, seconds: float, a
                                                duration_s=seconds), urls))
 
 
-def sequential_p50_ms(url: str, n: int, *, auth: bool) -> float:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {KEY}"} if auth else {})}
-    samples = []
-    with httpx.Client(timeout=30, headers=headers) as c:
+def interleaved_p50_ms(targets: Sequence[tuple[str, bool]], n: int) -> list[float]:
+    """Sequential latency p50 of each (url, with the key) target, one request to each in turn (so
+    the machine's noise falls on all of them alike), over keep-alive connections."""
+    clients = [httpx.Client(timeout=30, headers={"Content-Type": "application/json",
+                                                 **({"Authorization": f"Bearer {KEY}"} if auth else {})})
+               for _, auth in targets]
+    samples: list[list[float]] = [[] for _ in targets]
+    try:
         for _ in range(n):
-            t = time.perf_counter()
-            r = c.post(url + "/v1/chat/completions", content=BODY)
-            samples.append((time.perf_counter() - t) * 1000)
-            if r.status_code != 200:
-                raise RuntimeError(f"{url}: {r.status_code} {r.text[:200]}")
-    return statistics.median(samples)
+            for (url, _), client, out in zip(targets, clients, samples, strict=True):
+                t = time.perf_counter()
+                r = client.post(url + "/v1/chat/completions", content=BODY)
+                out.append((time.perf_counter() - t) * 1000)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{url}: {r.status_code} {r.text[:200]}")
+    finally:
+        for c in clients:
+            c.close()
+    return [statistics.median(s) for s in samples]
 
 
 # -- the run ----------------------------------------------------------------------------------------------
@@ -320,8 +329,10 @@ def run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             with running(start_all([(f"o{i}", cfg) for i, (cfg, _) in enumerate(variants.values())], tmp,
                                    workers)) as reps:
                 for _ in range(runs):
+                    targets = [(rep.url, auth) for (_, auth), rep in zip(variants.values(), reps, strict=True)]
+                    for name, p50 in zip(variants, interleaved_p50_ms(targets, 300 if quick else 1000), strict=True):
+                        overhead[name]["p50_ms"].append(p50)
                     for (name, (_, auth)), rep in zip(variants.items(), reps, strict=True):
-                        overhead[name]["p50_ms"].append(sequential_p50_ms(rep.url, 200 if quick else 1000, auth=auth))
                         cpu0, redis0 = rep.cpu_seconds(), cpu_seconds(redis.proc.pid)
                         (result,) = wrk_fleet([rep.url], tmp, connections=32, seconds=seconds, auth=auth)
                         cpu1, redis1 = rep.cpu_seconds(), cpu_seconds(redis.proc.pid)
@@ -388,9 +399,9 @@ def report(res: dict[str, Any], args: argparse.Namespace, argv: Sequence[str]) -
     lines += ["", f"With {os.cpu_count()} cores for everything, more replicas cannot add cores: the ratio shows "
                   "what spreading the same load costs or gains here, not what separate hosts would give.", "",
               "## What the store adds per request", "",
-              "One replica per variant (same config otherwise), alternating runs: sequential latency p50 over a "
-              "keep-alive connection, then wrk -c32 with the gateway's CPU (supervisor and workers) and Redis's CPU "
-              "per request.", "",
+              "One replica per variant (same config otherwise), in alternating runs: sequential latency p50 over "
+              "keep-alive connections, one request to each variant in turn, then wrk -c32 on each in turn with the "
+              "gateway's CPU (supervisor and workers) and Redis's CPU per request.", "",
               "| variant | latency p50 ms | gateway CPU µs/request | Redis CPU µs/request | req/s |",
               "|---|---:|---:|---:|---:|"]
     ov = res["overhead"]

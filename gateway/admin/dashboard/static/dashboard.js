@@ -226,5 +226,8 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
-// A new window or scope takes effect at the next poll (at most POLL_MS later).
+// A new window or scope takes effect at the next poll (at most POLL_MS later). `?scope=fleet` in the
+// page's address starts on the fleet view (a link or bookmark to it).
+const wantedScope = new URLSearchParams(location.search).get("scope");
+if (wantedScope === "fleet" || wantedScope === "replica") document.getElementById("scope").value = wantedScope;
 poll();
