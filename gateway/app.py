@@ -46,6 +46,7 @@ from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
 from .proxy.service import Proxy
 from .routing import RoutingState
+from .routing.response_owners import ResponseOwners
 from .settings import Backend, Settings
 from .state.generations import Generation, Generations, LivePool
 from .state.health import HealthPoller, Poller
@@ -152,6 +153,7 @@ async def build(
     stats = StatsBook(settings, started_at=clock(), weights=weights)
     routing = RoutingState()  # prefix memory and latency estimators outlive config generations
     splits = Splits()  # so do live A/B weights, while a route's split stays as configured
+    owners = ResponseOwners()  # and which backend stores which response
     arms = observability.ArmMetrics(registry)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
     limiter: Limiter = LocalLimiter(KeyLimiter(clock))
@@ -188,7 +190,7 @@ async def build(
         splits.retain([r.model for r in settings.routes if r.split is not None])
         proxy = Proxy(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
-            throughput=stats.peak_output_tps, splits=splits,
+            throughput=stats.peak_output_tps, splits=splits, owners=owners,
         )
         own = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
         # a worker under `--workers N` applies its supervisor's probes (once for all workers)

@@ -27,6 +27,7 @@ shedding load, not failing).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from backends.base import ErrorBody
@@ -58,6 +59,11 @@ class GatewayError(Exception):
         return json_codec.dumps(self.body().as_dict())
 
 
+def retry_after(seconds: float) -> dict[str, str]:
+    """`Retry-After` (whole seconds, for everyone) and `retry-after-ms` (what the OpenAI SDK reads first)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds))), "retry-after-ms": str(max(1, math.ceil(seconds * 1000)))}
+
+
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
@@ -87,7 +93,7 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        super().__init__(message, headers=retry_after(retry_after_s))
 
 
 class GatewayOverloaded(NoHealthyBackend):
@@ -156,8 +162,8 @@ class SlaUnattainable(GatewayError):
     type = "rate_limit_error"
     code = "sla_unattainable"
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, headers=retry_after(retry_after_s))
 
 
 class BadGateway(GatewayError):
@@ -201,8 +207,9 @@ class RateLimited(GatewayError):
     status = 429
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, kind: str, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+    def __init__(self, message: str, *, kind: str, retry_after_s: float,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, headers={**(headers or {}), **retry_after(retry_after_s)})
         self.type = kind  # OpenAI says "requests" or "tokens"
 
 

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 from backends.base import Runtime
+from backends.capabilities import EMBEDDING_DEFAULTS, POSSIBLE, Feature
 
 from .discovery.config import DiscoveryEntry, duplicate_entry_names
 
@@ -45,6 +46,28 @@ class Listen(_Strict):
     front: Literal["native", "aiohttp"] = "native"
 
 
+class Capabilities(_Strict):
+    """Overrides of what the backend's runtime serves by default (`backends.capabilities`): `true`
+    adds a feature (e.g. `stored_responses` for vLLM started with VLLM_ENABLE_RESPONSES_API_STORE=1),
+    `false` removes one (e.g. `tools` for a vLLM started without a tool-call parser)."""
+
+    chat: bool | None = None
+    completions: bool | None = None
+    responses: bool | None = None
+    stored_responses: bool | None = None
+    embeddings: bool | None = None
+    tokenize: bool | None = None
+    tools: bool | None = None
+    response_format: bool | None = None
+    logprobs: bool | None = None
+    n: bool | None = None
+    images: bool | None = None
+    audio: bool | None = None
+
+    def overrides(self) -> dict[Feature, bool]:
+        return {Feature(k): v for k, v in self.model_dump().items() if v is not None}
+
+
 class Backend(_Strict):
     # `[` `]` and the length are for discovered backends, named `<entry>-<address>:<port>` with IPv6
     # addresses in brackets (an entry name of 40 and `-[` 39 `]:65535`).
@@ -61,6 +84,17 @@ class Backend(_Strict):
     # environment variable, or a file holding the key. The key itself never appears in the config.
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     api_key_file: Path | None = None
+    # Overrides of the runtime's default capabilities (what requests this backend may be sent).
+    capabilities: Capabilities = Capabilities()
+    # The model's context length, when the backend's own /v1/models does not report it (Triton).
+    max_model_len: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _possible_capabilities(self) -> Backend:
+        impossible = [f for f, on in self.capabilities.overrides().items() if on and f not in POSSIBLE[self.runtime]]
+        if impossible:
+            raise ValueError(f"capabilities.{impossible[0]}: the {self.runtime} adapter cannot serve it")
+        return self
 
     @model_validator(mode="after")
     def _one_key_source(self) -> Backend:
@@ -112,6 +146,9 @@ class Split(_Strict):
 
 class Route(_Strict):
     model: Annotated[str, Field(min_length=1)]
+    # What the route's model is: `generate` (chat, completions, Responses, tokenize) or `embeddings`
+    # (an embedding model: /v1/embeddings and tokenize). A backend serves routes of one kind only.
+    kind: Literal["generate", "embeddings"] = "generate"
     backends: Annotated[list[str], Field(min_length=1)] | None = None
     policy: PolicyName = "least_load"
     split: Split | None = None
@@ -252,6 +289,16 @@ class Settings(_Strict):
             if missing:
                 where = "backends" if route.split is None else "split.arms"
                 raise ValueError(f"routes.{i}.{where}: unknown backend(s) or discovery pool(s) {missing}")
+        runtimes = {b.name: b.runtime for b in self.backends} | {e.name: e.runtime for e in self.discovery}
+        kinds: dict[str, str] = {}
+        for i, route in enumerate(self.routes):
+            for name in route.candidates:  # backends and discovery pools alike
+                if kinds.setdefault(name, route.kind) != route.kind:
+                    raise ValueError(f"routes.{i}.kind: backend {name!r} is also in a {kinds[name]} route "
+                                     "(a backend serves one model, of one kind)")
+                runtime = runtimes[name]
+                if route.kind == "embeddings" and not EMBEDDING_DEFAULTS[runtime]:
+                    raise ValueError(f"routes.{i}.kind: backend {name!r} ({runtime}) cannot serve embeddings")
         for i, key in enumerate(self.auth.api_keys):
             unknown = sorted(set(key.models or ()) - set(models))
             if unknown:
@@ -260,6 +307,11 @@ class Settings(_Strict):
 
     def backend(self, name: str) -> Backend:
         return next(b for b in self.backends if b.name == name)
+
+    @cached_property
+    def embedding_backends(self) -> frozenset[str]:
+        """The backends (and discovery pools) of `embeddings` routes: their figures are kept apart."""
+        return frozenset(n for r in self.routes if r.kind == "embeddings" for n in r.candidates)
 
 
 class ConfigError(Exception):

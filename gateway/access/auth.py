@@ -30,7 +30,7 @@ from ..errors import Forbidden, RateLimited, Unauthorized
 from ..observability.outcome import Outcome
 from ..settings import ApiKey
 from ..state.generations import Generations
-from .ratelimit import Limiter
+from .ratelimit import Limiter, exact_wait_s, rate_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -38,7 +38,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KEY_MODELS: web.RequestKey[list[str] | None] = web.RequestKey("api_key_models")
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
 READ_METHODS = frozenset({"GET", "HEAD"})
-ENDPOINT_PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+ENDPOINT_PATHS = {
+    Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions", Endpoint.RESPONSES: "/v1/responses",
+    Endpoint.EMBEDDINGS: "/v1/embeddings", Endpoint.TOKENIZE: "/tokenize", Endpoint.DETOKENIZE: "/detokenize",
+}
 GENERATION_PATHS = frozenset(ENDPOINT_PATHS.values())
 
 
@@ -125,14 +128,18 @@ class Guard:
             )
         return key
 
-    async def limit(self, key: ApiKey) -> None:
-        """Take one request from the key's budget (this process's, the gateway's or the fleet's,
-        as the limiter is); raises RateLimited when it is spent."""
-        limited = await self._limiter.admit(key)
+    async def limit(self, key: ApiKey) -> dict[str, str]:
+        """Take one request from the key's budget (this process's, the gateway's or the fleet's, as
+        the limiter is) and return OpenAI's `x-ratelimit-*` headers for the response (none for a key
+        without limits); raises RateLimited (with them) when it is spent."""
+        decision = await self._limiter.admit(key)
+        headers = rate_headers(key, decision.levels) if key.requests_per_minute or key.tokens_per_minute else {}
+        limited = decision.refused
         if limited is not None:
             wait, kind = limited
             raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
-                              kind=kind, retry_after_s=wait)
+                              kind=kind, retry_after_s=exact_wait_s(key, kind, decision.levels), headers=headers)
+        return headers
 
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
@@ -144,8 +151,12 @@ class Guard:
         if path.startswith("/v1/"):
             key = self.authenticate(request.headers)
             if key is not None:
-                await self.limit(key)
+                limits = await self.limit(key)
                 request[KEY_MODELS] = key.models
+                response = await handler(request)
+                if limits and not response.prepared:
+                    response.headers.update(limits)
+                return response
         return await handler(request)
 
     def check_admin(self, path: str, headers: Mapping[str, str], *, method: str = "GET") -> None:

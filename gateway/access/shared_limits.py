@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from ..state.store import Store, StoreDown
-from .ratelimit import Admission, KeyLimits, Limiter
+from .ratelimit import Decision, KeyLimits, Limiter
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +63,21 @@ if rpm > 0 then
   req = level(KEYS[1], rpm)
   if req < 1 then wait = (1 - req) * 60 / rpm end
 end
+local tok = nil
 if tpm > 0 then
-  local tok = level(KEYS[2], tpm)
+  tok = level(KEYS[2], tpm)
   if tok <= 0 then
     local w = math.max(-tok * 60 / tpm, 0.001)
     if w > wait or (w == wait and 'tokens' > kind) then wait, kind = w, 'tokens' end
   end
 end
-if wait > 0 then return {0, tostring(wait), kind} end
-if req ~= nil then store(KEYS[1], rpm, req - 1) end
-return {1, '0', ''}
+local function show(x) if x == nil then return '' end return tostring(x) end
+if wait > 0 then return {0, tostring(wait), kind, show(req), show(tok)} end
+if req ~= nil then
+  req = req - 1
+  store(KEYS[1], rpm, req)
+end
+return {1, '0', '', show(req), show(tok)}
 """
 CHARGE = _LEVEL + """
 local tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -121,10 +126,10 @@ class RedisLimiter:
         tag = "{" + key_id + "}"  # one hash slot per key, should the store be a Redis Cluster
         return [self._store.key("rl", tag, "requests"), self._store.key("rl", tag, "tokens")]
 
-    async def admit(self, key: KeyLimits) -> Admission:
+    async def admit(self, key: KeyLimits) -> Decision:
         rpm, tpm = key.requests_per_minute or 0, key.tokens_per_minute or 0
         if not rpm and not tpm:
-            return None
+            return Decision()
         if not self._store.up:
             self._store.fell_back("limits")
             return await self.fallback.admit(key)
@@ -135,14 +140,15 @@ class RedisLimiter:
             batch, self._queue = self._queue, []
             await self._round_trip(batch)
         try:
-            admitted, wait, kind = await answer
+            admitted, wait, kind, req, tok = (x.decode() if isinstance(x, bytes) else x for x in await answer)
         except StoreDown:
             self._store.fell_back("limits")
             return await self.fallback.admit(key)
+        levels = {k: float(v) for k, v in (("requests", req), ("tokens", tok)) if v != ""}
         if int(admitted):
-            return None
-        seconds = float(wait.decode() if isinstance(wait, bytes) else wait)
-        return max(1, -int(-seconds // 1)), (kind.decode() if isinstance(kind, bytes) else str(kind))
+            return Decision(None, levels)
+        seconds = float(wait)
+        return Decision((max(1, -int(-seconds // 1)), str(kind)), levels)
 
     def _send(self) -> None:
         batch, self._queue = self._queue, []

@@ -237,10 +237,11 @@ class Hub:
 
     # -- limits -------------------------------------------------------------------------------------
 
-    def _admit(self, body: list[Any]) -> list[Any] | None:
+    def _admit(self, body: list[Any]) -> list[Any]:
         key_id, rpm, tpm = body
-        got = self.limiter.admit(Limits(str(key_id), int(rpm) or None, int(tpm) or None))
-        return None if got is None else [got[0], got[1]]
+        key = Limits(str(key_id), int(rpm) or None, int(tpm) or None)
+        got = self.limiter.admit(key)
+        return [None if got is None else [got[0], got[1]], self.limiter.levels(key)]
 
     def _charge(self, body: list[Any]) -> None:
         key_id, rpm, tpm, tokens = body

@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ..access.ratelimit import Admission, KeyLimits, Limiter
+from ..access.ratelimit import Decision, KeyLimits, Limiter
 from ..state.generations import Generations
 from ..state.health import Poller
 from ..state.health_feed import FollowedPoller, ProbeFeed
@@ -41,15 +41,16 @@ class HostLimiter:
         self._channel = channel
         self.fallback = fallback
 
-    async def admit(self, key: KeyLimits) -> Admission:
+    async def admit(self, key: KeyLimits) -> Decision:
         rpm, tpm = key.requests_per_minute or 0, key.tokens_per_minute or 0
         if not rpm and not tpm:
-            return None
+            return Decision()
         try:
-            got = await self._channel.call("admit", [key.id, rpm, tpm], timeout_s=ADMIT_TIMEOUT_S)
+            refused, levels = await self._channel.call("admit", [key.id, rpm, tpm], timeout_s=ADMIT_TIMEOUT_S)
         except (ChannelClosed, RemoteError, TimeoutError):
             return await self.fallback.admit(key)
-        return None if got is None else (int(got[0]), str(got[1]))
+        return Decision(None if refused is None else (int(refused[0]), str(refused[1])),
+                        {str(k): float(v) for k, v in levels.items()})
 
     def charge(self, key: KeyLimits, tokens: int) -> None:
         if key.tokens_per_minute is None or tokens <= 0:

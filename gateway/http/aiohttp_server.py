@@ -41,7 +41,11 @@ from .wire import error_bytes
 
 Refused = Callable[[Endpoint, int, "str | None"], None]
 
-GENERATION_PATHS = {b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS}
+GENERATION_PATHS = {
+    b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS,
+    b"/v1/responses": Endpoint.RESPONSES, b"/v1/embeddings": Endpoint.EMBEDDINGS,
+    b"/tokenize": Endpoint.TOKENIZE, b"/detokenize": Endpoint.DETOKENIZE,
+}
 _TYPES = {431: "invalid_request_error", 400: "invalid_request_error", 500: "server_error"}
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -14,7 +16,7 @@ from backends.base import Endpoint
 
 from .. import json_codec
 from ..access.auth import KEY_MODELS
-from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from ..errors import BodyTooLarge, GatewayError, InvalidRequest, ModelNotFound, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..proxy.sink import Entry
 from ..state.generations import Generations
@@ -77,6 +79,7 @@ class Handlers:
         self._registry = registry
         self._body_timeout_s = body_timeout_s
         self._serve_metrics = serve_metrics
+        self._created = int(time.time())  # the models' `created`: when this gateway started serving them
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         request_id = request[REQUEST_ID] = choose_request_id(request.headers.get("x-request-id"))
@@ -100,14 +103,47 @@ class Handlers:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.RESPONSES)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.EMBEDDINGS)
+
+    async def tokenize(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.TOKENIZE)
+
+    async def detokenize(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.DETOKENIZE)
+
+    def _cards(self, allowed: object) -> list[dict[str, Any]]:
+        """One OpenAI model object per route the caller may use, with the smallest context length
+        (`max_model_len`) of its healthy backends: what a request may be sure to fit (null when none
+        of them reports or configures one)."""
+        generation = self._generations.current
+        pool = generation.pool
+        cards = []
+        for route in generation.settings.routes:
+            if isinstance(allowed, list) and route.model not in allowed:
+                continue
+            lengths = []
+            for name in pool.expand(route.candidates):  # discovery pools stand for their members
+                state = pool[name]
+                length = state.config.max_model_len or state.max_model_len
+                if state.healthy and length:
+                    lengths.append(length)
+            cards.append({"id": route.model, "object": "model", "created": self._created, "owned_by": "gateway",
+                          "max_model_len": min(lengths) if lengths else None})
+        return cards
+
     async def models(self, request: web.Request) -> web.Response:
-        allowed = request.get(KEY_MODELS)
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "gateway"}
-            for m in self._generations.current.proxy.route_models
-            if allowed is None or m in allowed
-        ]
-        return json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": self._cards(request.get(KEY_MODELS))})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        card = next((c for c in self._cards(request.get(KEY_MODELS)) if c["id"] == name), None)
+        if card is None:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return json_response(card)
 
     async def health(self, request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -125,7 +161,12 @@ class Handlers:
     def install(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         if self._serve_metrics:

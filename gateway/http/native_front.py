@@ -1,7 +1,7 @@
 """The native HTTP/1.1 front: the generation endpoints without aiohttp's server on the hot path.
 
-Every connection starts here. The first bytes of each request decide who serves it: a
-`POST /v1/chat/completions` or `POST /v1/completions` is read by `reader.Reader` (httptools) and
+Every connection starts here. The first bytes of each request decide who serves it: a `POST` to
+one of `HOT_PATHS` (chat, completions, Responses, embeddings) is read by `reader.Reader` (httptools) and
 handed to the same `Entry` that aiohttp's handlers use; any other request hands the connection, with
 the bytes it sent, to aiohttp (`aiohttp_server.GatewayProtocol`), which owns it from then on. aiohttp
 costs ~100 µs of CPU per request here; this front costs a few, and that is the difference between a
@@ -41,7 +41,10 @@ from .wire import date_line, error_bytes, status_line
 
 log = logging.getLogger(__name__)
 
-HOT_PATHS = {b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS}
+HOT_PATHS = {
+    b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS,
+    b"/v1/responses": Endpoint.RESPONSES, b"/v1/embeddings": Endpoint.EMBEDDINGS,
+}
 _HOT_STARTS = tuple(b"POST " + path + b" " for path in HOT_PATHS)
 _HIGH_WATER = 256 * 1024  # bytes buffered behind a running request before reading pauses
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

@@ -35,11 +35,13 @@ class Dispatcher:
         try:
             key = ex.key = self._guard.authenticate(headers)
             if key is not None:
-                await self._guard.limit(key)
+                ex.rate_headers = await self._guard.limit(key) or None
             generation.proxy.parse(ex, body, headers)
             await generation.proxy.serve(ex, headers, sink)
         except GatewayError as exc:
             ex.status = str(exc.status)
+            if ex.rate_headers:  # the key's budgets go with every answer, errors included
+                exc.headers = {**ex.rate_headers, **exc.headers}
             raise
         except (asyncio.CancelledError, ConnectionError):
             stream = ex.stream

@@ -18,6 +18,7 @@ import aiohttp
 
 from backends.base import LoadParseError
 
+from .model_cards import scrape_card
 from .pool import BackendState, Pool
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,8 @@ class HealthPoller:
             await self.poll_once()
 
     async def poll_backend(self, state: BackendState) -> None:
-        """Probe one backend's readiness and scrape its load."""
-        await asyncio.gather(self._probe(state), self._scrape(state))
+        """Probe one backend's readiness, scrape its load and (now and then) its model card."""
+        await asyncio.gather(self._probe(state), self._scrape(state), scrape_card(self._session, state, self._clock()))
 
     async def _probe(self, state: BackendState) -> None:
         probe = state.adapter.readiness

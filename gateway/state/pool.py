@@ -42,6 +42,8 @@ class BackendState:
     source: str = STATIC  # or the discovery entry that found it
     draining: bool = False  # discovery lost it: no new requests; it leaves once none is in flight
     draining_since: float | None = None
+    max_model_len: int | None = None  # from the backend's own /v1/models (`model_cards`), when it says
+    card_scraped_at: float | None = None
     name: str = field(init=False)  # the config's, read once: the request path reads these on every request
     runtime: str = field(init=False)
     base_url: str = field(init=False)

@@ -57,8 +57,8 @@ class Comparer:
             "assumptions": list(ASSUMPTIONS),
             "percentiles": "nearest-rank over retained samples (weighted by bucket when a bucket was sampled)",
             "total": row(book.total),
-            "backends": [row(g, runtime=g.runtime) for g in book.backends.values()],
-            "runtimes": [row(g) for g in book.runtimes.values()],
+            "backends": [row(g, runtime=g.runtime, task=g.task) for g in book.backends.values()],
+            "runtimes": [row(g, task=g.task) for g in book.runtimes.values()],
             "arms": [row(g, route=g.route, weight=book.weights(g.route or "").get(g.name))
                      for g in book.arms.values()],
             "ab": self.ab(now, window_s),

@@ -24,6 +24,8 @@ ASSUMPTIONS = (
     "utilisation = observed output tokens/s / best output tokens/s; cost at observed load = cost at best / "
     "utilisation",
     "a backend shared by several groups (routes, arms) is charged in full to each",
+    "cost per 1M prompt tokens (what embedding models are paid for) = usd_per_hour / (3600 × prompt tokens/s) × 1e6 "
+    "over the window",
     "a group with any backend lacking usd_per_hour, or with no output tokens, has cost null",
 )
 

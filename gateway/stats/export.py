@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..observability.outcome import GapHistogram
+from ..observability.outcome import Cell, GapHistogram
 from ..observability.reservoir import Reservoir
 from .book import Group, WeightsFn
 from .views import BookView
@@ -56,7 +56,7 @@ def _reservoir(r: Reservoir, max_samples: int | None) -> list[Any]:
 
 
 def _gaps(h: GapHistogram) -> list[Any]:
-    return [h.count, [[i, *cell] for i, cell in h.cells.items()]]
+    return [h.count, [[i, c.count, c.lo, c.hi] for i, c in h.cells.items()]]
 
 
 def _bucket(b: Bucket, max_samples: int | None) -> list[Any]:
@@ -130,7 +130,7 @@ def _merged_gaps(parts: Sequence[list[Any]]) -> GapHistogram:
     for count, cells in parts:
         source = GapHistogram()
         source.count = int(count)
-        source.cells = {int(i): [float(n), float(lo), float(hi)] for i, n, lo, hi in cells}
+        source.cells = {int(i): Cell(int(n), float(lo), float(hi)) for i, n, lo, hi in cells}
         merged.merge(source)
     return merged
 

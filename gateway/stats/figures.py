@@ -68,5 +68,7 @@ def figures(book: BookView, g: Group, now: float, window_s: int) -> dict[str, An
             # how much of its sustained throughput the group used in the window: the at-load cost is the
             # at-best cost divided by this (an idle fleet's hours are paid for all the same)
             "utilisation": out_tps / peak if out_tps is not None and peak else None,
+            # what embedding models are paid for: their input (at the observed load)
+            "usd_per_million_prompt_tokens": usd_per_million(price, _rate(prompt, v.span_s)),
         },
     }

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Protocol
 
-from ..observability.outcome import CELL_BASE, GapHistogram
+from ..observability.outcome import GapHistogram
 from ..observability.reservoir import Reservoir
 
 __all__ = ["Reservoir", "gap_summary", "nearest_rank", "percentile", "summary", "weighted_samples"]
@@ -105,31 +105,22 @@ def gap_summary(
     hists: Iterable[GapHistogram], qs: Sequence[float] = (0.5, 0.95, 0.99)
 ) -> dict[str, float | int | None]:
     """Nearest-rank p50/p95/p99 (and `n`) of the gaps in `hists`: the cell where the rank falls, read as
-    its one value when it saw only one, else its midpoint clamped to what it saw (within 1%)."""
-    merged: dict[int, list[float]] = {}
-    n = 0
+    its one value when it saw only one, else its middle clamped to what it saw (within 1%)."""
+    merged = GapHistogram()
     for h in hists:
-        n += h.count
-        for i, (count, lo, hi) in h.cells.items():
-            cell = merged.get(i)
-            if cell is None:
-                merged[i] = [count, lo, hi]
-            else:
-                cell[0] += count
-                cell[1] = min(cell[1], lo)
-                cell[2] = max(cell[2], hi)
+        merged.merge(h)
+    n = merged.count
     out: dict[str, float | int | None] = {f"p{round(q * 100)}": None for q in qs}
     out["n"] = n
     if not n:
         return out
-    order = sorted(merged.items())
+    order = sorted(merged.cells.items())
     for q in qs:
         rank = max(math.ceil(q * n - 1e-9), 1)
-        acc = 0.0
-        for i, (count, lo, hi) in order:
-            acc += count
+        acc = 0
+        for _, cell in order:
+            acc += cell.count
             if acc >= rank:
-                mid = CELL_BASE ** (i + 0.5)
-                out[f"p{round(q * 100)}"] = lo if lo == hi else min(max(mid, lo), hi)
+                out[f"p{round(q * 100)}"] = cell.value
                 break
     return out

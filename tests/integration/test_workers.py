@@ -228,8 +228,12 @@ def test_a_keys_rate_limit_holds_for_the_whole_gateway(emulators: Emulators, gat
     key = {"id": "team", "key": hash_key("sk-team"), "requests_per_minute": 20}
     gw = gateway([backend_entry("v", emu, "vllm")], workers=2, auth={"api_keys": [key]})
     started = time.monotonic()
-    codes = [chat(gw, headers={"Authorization": "Bearer sk-team"}).status_code for _ in range(40)]
+    replies = [chat(gw, headers={"Authorization": "Bearer sk-team"}) for _ in range(40)]
     elapsed = time.monotonic() - started
+    codes = [r.status_code for r in replies]
+    remaining = [int(r.headers["x-ratelimit-remaining-requests"]) for r in replies[:10]]
+    assert remaining == sorted(remaining, reverse=True)  # one bucket, whichever worker answered
+    assert remaining[0] == 19
     granted = codes.count(200)
     assert set(codes) <= {200, 429}
     assert 20 <= granted <= 20 + elapsed * 20 / 60 + 1  # the burst plus what refilled, not twice the budget

@@ -53,6 +53,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         "--max-model-len", str(MAX_MODEL_LEN),
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--host", "127.0.0.1",
         "--port", str(port),
         *extra,

@@ -57,8 +57,11 @@ def test_a_refusal_says_when_to_retry_and_which_budget(
     emulators: Emulators, redis: RedisServer, replicas: Replicas,
 ) -> None:
     a, b = replicas(config(emulators, requests_per_minute=2), 2, redis=redis)
-    assert chat(a).status_code == 200
-    assert chat(b).status_code == 200
+    first, second = chat(a), chat(b)
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert second.headers["x-ratelimit-remaining-requests"] == "0"  # b sees what a spent: one bucket
     refused = chat(a)
     assert refused.status_code == 429
     assert refused.json()["error"]["type"] == "requests"

@@ -43,8 +43,9 @@ async def test_the_burst_is_the_per_minute_figure_and_then_it_says_when(stores: 
     limiter = RedisLimiter(stores[0], local())
     key = Limits("burst", 30, None)
     results = [await limiter.admit(key) for _ in range(31)]
-    assert results[:30] == [None] * 30
-    assert results[30] == (2, "requests")  # one request refills in 2 s at 30 a minute
+    assert [r.refused for r in results[:30]] == [None] * 30
+    assert [r.levels["requests"] for r in results[:3]] == pytest.approx([29, 28, 27], abs=0.01)
+    assert results[30].refused == (2, "requests")  # one request refills in 2 s at 30 a minute
 
 
 async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]) -> None:
@@ -54,19 +55,20 @@ async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]
     started = time.monotonic()
     results = await asyncio.gather(*(limiters[i % 4].admit(key) for i in range(200)))
     refill = (time.monotonic() - started) * 50 / 60
-    granted = results.count(None)
+    granted = [r.refused for r in results].count(None)
     assert 50 <= granted <= 50 + refill + 1
 
 
 async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) -> None:
     a, b = RedisLimiter(stores[0], local()), RedisLimiter(stores[1], local())
     key = Limits("tokens", None, 600)
-    assert await a.admit(key) is None
+    assert (await a.admit(key)).refused is None
     a.charge(key, 1800)  # a big answer: 3 minutes' worth
     await a.flush()
-    refused = await b.admit(key)
-    assert refused is not None
-    wait, kind = refused
+    decision = await b.admit(key)
+    assert decision.refused is not None
+    wait, kind = decision.refused
+    assert decision.levels["tokens"] == pytest.approx(-1200, abs=20)
     assert kind == "tokens"
     assert 115 <= wait <= 121  # 1,200 tokens below zero at 10 a second
 
@@ -74,9 +76,9 @@ async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) ->
 async def test_a_changed_limit_starts_a_full_bucket(stores: list[Store]) -> None:
     limiter = RedisLimiter(stores[0], local())
     for _ in range(5):
-        assert await limiter.admit(Limits("changed", 5, None)) is None
-    assert await limiter.admit(Limits("changed", 5, None)) is not None
-    assert await limiter.admit(Limits("changed", 10, None)) is None  # a reload raised the limit
+        assert (await limiter.admit(Limits("changed", 5, None))).refused is None
+    assert (await limiter.admit(Limits("changed", 5, None))).refused is not None
+    assert (await limiter.admit(Limits("changed", 10, None))).refused is None  # a reload raised the limit
 
 
 async def test_with_the_store_down_the_fallback_decides(redis: RedisServer) -> None:
@@ -86,14 +88,14 @@ async def test_with_the_store_down_the_fallback_decides(redis: RedisServer) -> N
     limiter = RedisLimiter(store, fallback)
     try:
         key = Limits("down", 3, 100)
-        assert await limiter.admit(key) is None
+        assert (await limiter.admit(key)).refused is None
         redis.stop()
-        assert await limiter.admit(key) is None  # the first failure marks the store down ...
+        assert (await limiter.admit(key)).refused is None  # the first failure marks the store down ...
         assert store.up is False
         assert registry.get_sample_value("gateway_state_store_up") == 0
-        assert await limiter.admit(key) is None  # ... and from then on nothing waits on Redis
-        assert await limiter.admit(key) is None
-        assert await limiter.admit(key) is not None  # the local bucket: 3 a minute
+        assert (await limiter.admit(key)).refused is None  # ... and from then on nothing waits on Redis
+        assert (await limiter.admit(key)).refused is None
+        assert (await limiter.admit(key)).refused is not None  # the local bucket: 3 a minute
         limiter.charge(key, 50)
         assert fallback.buckets._tokens["down"].level == 50
         assert (registry.get_sample_value("gateway_state_store_fallbacks_total", {"use": "limits"}) or 0) >= 4
