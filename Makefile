@@ -47,16 +47,19 @@ check: install  ## lint and types
 
 # dnsmasq-base is the dnsmasq binary alone (the `dnsmasq` package would also start a system service);
 # tests/discovery runs it on loopback. openssl makes the TLS certificates of the in-cluster test.
-system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, nginx, dnsmasq, openssl); needs root
+# redis-server: tests/replicas and `bench replicas` start their own on a free loopback port, in
+# memory only (never the system service).
+system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, nginx, dnsmasq, openssl, redis-server); needs root
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v nginx >/dev/null || missing="$$missing nginx-light"; \
 	command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || missing="$$missing dnsmasq-base"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing="$$missing redis-server"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-		else echo "install$$missing (apt-get) for the browser and discovery tests and benchmarks"; fi; fi
+		else echo "install$$missing (apt-get) for the browser, discovery and replicas tests and benchmarks"; fi; fi
 
 prometheus:  ## real prometheus + promtool for tests/prometheus (Debian's package, unpacked into ~/.cache/igw; no service)
 	@bash scripts/prometheus/fetch.sh >/dev/null

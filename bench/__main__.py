@@ -16,6 +16,8 @@ COMMANDS = {
     "routing": ("bench.routing", "routing quality of every policy over emulated fleets (--quick: < 3 min)"),
     "real-vllm": ("bench.real_vllm", "round_robin vs prefix_affinity on two real vLLM CPU servers"),
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
+    "replicas": ("bench.replicas", "Redis + 3 replicas x 2 workers: shared budget, weight propagation, placement, "
+                                   "scaling, store overhead"),
 }
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import math
 import random
 import resource
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +23,19 @@ from backends.registry import adapter_for
 
 from . import observability
 from .access.auth import Guard
-from .access.ratelimit import KeyLimiter
+from .access.ratelimit import KeyLimiter, Limiter, LocalLimiter
 from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .admin import backends as backends_admin
 from .admin import reload as reload_admin
 from .admin import weights as weights_admin
+from .admin import workers as workers_admin
 from .admin.dashboard import DashboardHandlers
 from .admin.openapi import install_openapi
 from .client import UpstreamPool
+from .cluster import replicas
+from .cluster.clock import gateway_clock
+from .cluster.coordinator import Coordinator
+from .cluster.link import WorkerLink
 from .discovery import DiscoveryEntry, DiscoveryMetrics, Source, make_source
 from .http.aiohttp_server import GatewayServer, track_responses
 from .http.handlers import Handlers, error_middleware
@@ -44,7 +49,7 @@ from .routing import RoutingState
 from .routing.response_owners import ResponseOwners
 from .settings import Backend, Settings
 from .state.generations import Generation, Generations, LivePool
-from .state.health import HealthPoller
+from .state.health import HealthPoller, Poller
 from .state.membership import Membership
 from .state.outliers import OutlierRules
 from .state.pool import BackendState, Pool
@@ -109,6 +114,9 @@ class Built:
     upstream: UpstreamPool
     guard: Guard
     membership: Membership  # discovered backends (and their sources' tasks)
+    coordinator: Coordinator  # what admin writes and SIGHUP go through (one process, or every worker)
+    registry: CollectorRegistry
+    stats: StatsBook
 
 
 async def build(
@@ -116,12 +124,13 @@ async def build(
     *,
     registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = gateway_clock,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     weights: WeightsFn | None = None,
     secrets: Secrets | None = None,
     config_path: str | Path | None = None,
     discovery_source: Callable[[DiscoveryEntry], Source] | None = None,
+    link: WorkerLink | None = None,
 ) -> Built:
     """Build the gateway; must run inside the event loop that will serve it.
 
@@ -129,7 +138,9 @@ async def build(
     (default: the live ones). `secrets` default to resolving the config's references now (raises
     ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file.
     `discovery_source(entry)` makes each discovery entry's source (default: DNS or Kubernetes, on
-    this clock and sleep)."""
+    this clock and sleep). With `link` (a worker under `--workers N`), health, limits, admin writes,
+    /metrics and the comparison are the supervisor's, for every worker (`cluster.hub`); with `state`,
+    limits and weights are the fleet's."""
     registry = registry if registry is not None else CollectorRegistry()
     rng = rng if rng is not None else random.Random()
     secrets = secrets if secrets is not None else resolve_secrets(settings)
@@ -145,7 +156,11 @@ async def build(
     owners = ResponseOwners()  # and which backend stores which response
     arms = observability.ArmMetrics(registry)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
-    guard = Guard(generations, KeyLimiter(clock), registry)
+    limiter: Limiter = LocalLimiter(KeyLimiter(clock))
+    if link is not None:
+        limiter = link.limiter(limiter)
+    shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None)  # if `state` is set
+    guard = Guard(generations, shared.limiter, registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
@@ -177,7 +192,11 @@ async def build(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
             throughput=stats.peak_output_tps, splits=splits, owners=owners,
         )
-        poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+        own = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+        # a worker under `--workers N` applies its supervisor's probes (once for all workers)
+        poller: Poller = own if link is None else link.poller(pool, clock, own)
+        for b in settings.backends:  # born at 0, so that increase() sees a first ejection
+            recorder.ejections.labels(b.name, b.runtime.value)
         generation = Generation(number, settings, secrets, pool, proxy, poller)
         membership.adopt(generation)
         if number > 1:
@@ -196,19 +215,38 @@ async def build(
     health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,
-                        serve_metrics=not separate_metrics)
+                        serve_metrics=not separate_metrics and link is None)
     handlers.install(app)
+    comparer = Comparer(stats)
+
+    def served() -> float:
+        return math.fsum(c.value for c in recorder.requests.children().values())
+
+    coordinator: Coordinator
+    metrics_handler: Callable[[web.Request], Awaitable[web.Response]]
+    if link is None:
+        coordinator = shared.local(generations, reloader, stats, comparer, clock=clock, served=served)
+        metrics_handler = handlers.metrics
+    else:
+        remote = link.attach(replicas.worker_parts(registry, stats, generations, reloader, clock, served))
+        coordinator, metrics_handler = remote, replicas.metrics_handler(remote)
+        if not separate_metrics:
+            app.router.add_get("/metrics", metrics_handler)
     backends_admin.install(app, generations)
-    reload_admin.install(app, reloader)
-    weights_admin.install(app, lambda: generations.current.proxy)
+    reload_admin.install(app, coordinator)
+    weights_admin.install(app, coordinator)
+    workers_admin.install(app, coordinator.workers)
     install_openapi(app)
-    DashboardHandlers(Comparer(stats), clock).install(app)
+    DashboardHandlers(comparer, clock, documents=coordinator.compare).install(app)
     metrics_app = None
     if separate_metrics:
         metrics_app = web.Application(middlewares=[_marked(error_middleware)])
-        metrics_app.router.add_get("/metrics", handlers.metrics)
+        metrics_app.router.add_get("/metrics", metrics_handler)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        await shared.start()  # the fleet's weights are in force before the first request
+        if link is not None:
+            await link.resync()
         first = generations.current
         await first.poller.poll_once()
         first.start()
@@ -218,11 +256,13 @@ async def build(
         await generations.current.stop()
         for old in generations.retired:
             await old.stop()
+        await shared.close()
         await session.close()
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard, membership)
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard, membership,
+                 coordinator, registry, stats)
 
 
 def _raise_open_file_limit() -> None:
@@ -267,13 +307,14 @@ class Running:
 
 
 async def start(
-    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None
+    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None,
+    link: WorkerLink | None = None,
 ) -> Running:
     """Build the gateway and listen: the native front (or aiohttp alone) on `host:port`, and the
     metrics port when configured. Limits are read once, here, for both fronts: changing them needs a
     restart (a reload says so in `restart_required`). Without an admin token, admin writes are open
     only when every listening address is a loopback one."""
-    built = await build(settings, config_path=config_path)
+    built = await build(settings, config_path=config_path, link=link)
     limits = settings.limits
     track_responses(built.app)
     runner = web.AppRunner(built.app, handler_cancellation=True, access_log=None)

@@ -242,6 +242,20 @@ class Auth(_Strict):
         return self
 
 
+class State(_Strict):
+    """The store that several gateway replicas share (see `gateway/state/store.py`). Without it, a
+    replica shares nothing with other replicas; its workers still share everything through their
+    supervisor."""
+
+    redis_url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")]
+    key_prefix: Annotated[str, Field(min_length=1, max_length=64, pattern=_NAME)] = "igw"
+    # This replica's name in the fleet view (`/admin/compare?scope=fleet`); default: host-pid.
+    replica_id: Annotated[str, Field(min_length=1, max_length=128, pattern=_NAME)] | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=10)] = 0.25  # per Redis command; past it: local state
+    publish_interval_s: Annotated[float, Field(gt=0, le=60)] = 2.0  # window data for the fleet view
+    sync_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.2  # how often shared weights are read
+
+
 class Settings(_Strict):
     listen: Listen = Listen()
     backends: list[Backend] = []  # static backends; may be empty when `discovery` finds them
@@ -252,6 +266,7 @@ class Settings(_Strict):
     health: Health = Health()
     limits: Limits = Limits()
     auth: Auth = Auth()
+    state: State | None = None
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Settings:

@@ -30,7 +30,7 @@ from ..errors import Forbidden, RateLimited, Unauthorized
 from ..observability.outcome import Outcome
 from ..settings import ApiKey
 from ..state.generations import Generations
-from .ratelimit import KeyLimiter
+from .ratelimit import Limiter, exact_wait_s, rate_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -90,7 +90,7 @@ class Guard:
     are admitted by the dispatcher (`authenticate`, `limit`), which records every outcome; aiohttp's
     other paths go through `middleware`."""
 
-    def __init__(self, generations: Generations, limiter: KeyLimiter, registry: CollectorRegistry) -> None:
+    def __init__(self, generations: Generations, limiter: Limiter, registry: CollectorRegistry) -> None:
         self._generations = generations
         self._limiter = limiter
         # without an admin token, may admin writes be made? Only on a loopback-only listener (app.start)
@@ -128,15 +128,17 @@ class Guard:
             )
         return key
 
-    def limit(self, key: ApiKey) -> dict[str, str]:
-        """Take one request from the key's budget and return OpenAI's `x-ratelimit-*` headers for the
-        response (none for a key without limits); raises RateLimited (with them) when it is spent."""
-        limited = self._limiter.admit(key)
-        headers = self._limiter.headers(key) if key.requests_per_minute or key.tokens_per_minute else {}
+    async def limit(self, key: ApiKey) -> dict[str, str]:
+        """Take one request from the key's budget (this process's, the gateway's or the fleet's, as
+        the limiter is) and return OpenAI's `x-ratelimit-*` headers for the response (none for a key
+        without limits); raises RateLimited (with them) when it is spent."""
+        decision = await self._limiter.admit(key)
+        headers = rate_headers(key, decision.levels) if key.requests_per_minute or key.tokens_per_minute else {}
+        limited = decision.refused
         if limited is not None:
             wait, kind = limited
             raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
-                              kind=kind, retry_after_s=self._limiter.wait_s(key, kind), headers=headers)
+                              kind=kind, retry_after_s=exact_wait_s(key, kind, decision.levels), headers=headers)
         return headers
 
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -149,7 +151,7 @@ class Guard:
         if path.startswith("/v1/"):
             key = self.authenticate(request.headers)
             if key is not None:
-                limits = self.limit(key)
+                limits = await self.limit(key)
                 request[KEY_MODELS] = key.models
                 response = await handler(request)
                 if limits and not response.prepared:

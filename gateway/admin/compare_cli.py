@@ -1,10 +1,12 @@
 """`gateway compare`: the live comparison of a running gateway, in the terminal or as JSON.
 
-It reads the same `/admin/compare` document the dashboard polls, so the figures are the same. The
-tables fit an 80-column terminal: each group type gets two narrow tables (performance, then cost)
-rather than one wide one, headers are abbreviated (a legend says what they mean), and row names are
-never cut. The cost table leads with the cost at sustained throughput, then the utilisation, then the
-cost at the observed load, which on an idle or lightly loaded fleet is dominated by idle hours.
+It reads the same `/admin/compare` document the dashboard polls, so the figures are the same:
+`--scope replica` (the default) is the gateway at `--url`, all its workers; `--scope fleet` merges
+every replica that shares its store (`state.redis_url`). The tables fit an 80-column terminal: each
+group type gets two narrow tables (performance, then cost) rather than one wide one, headers are
+abbreviated (a legend says what they mean), and row names are never cut. The cost table leads with
+the cost at sustained throughput, then the utilisation, then the cost at the observed load, which on
+an idle or lightly loaded fleet is dominated by idle hours.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=60, choices=WINDOWS_S, help="window in seconds")
     parser.add_argument("--watch", type=float, default=0.0, metavar="S", help="refresh every S seconds")
     parser.add_argument("--json", action="store_true", help="print the /admin/compare document as JSON")
+    parser.add_argument("--scope", default="replica", choices=("replica", "fleet"),
+                        help="this gateway (all its workers), or every replica sharing its store")
 
 
 def _num(x: float | int | None, fmt: str = "{:,.1f}") -> str:
@@ -88,8 +92,11 @@ def cost_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def render(doc: dict[str, Any], console: Console) -> None:
+    scope = doc.get("scope", "replica")
+    where = (f"fleet of {len(doc.get('replicas', []))} replicas" if scope == "fleet"
+             else f"this gateway, {doc.get('workers', 1)} worker(s)")
     console.print(f"[bold]Live comparison[/] over the last {doc['window_s']} s "
-                  f"(measured span {doc['total']['span_s']} s)")
+                  f"(measured span {doc['total']['span_s']} s; {where})")
     for title, key in (("Runtimes", "runtimes"), ("Backends", "backends"), ("A/B arms", "arms")):
         if doc[key]:
             console.print(performance_table(title, doc[key]))
@@ -102,9 +109,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
     console.print("[dim]Assumptions: " + "; ".join(doc["assumptions"]) + "[/]")
 
 
-def fetch(url: str, window: int) -> dict[str, Any]:
+def fetch(url: str, window: int, scope: str = "replica") -> dict[str, Any]:
     """GET /admin/compare with the standard library (the CLI needs no HTTP client dependency)."""
-    query = urllib.parse.urlencode({"window": window})
+    query = urllib.parse.urlencode({"window": window, "scope": scope})
     with urllib.request.urlopen(f"{url.rstrip('/')}/admin/compare?{query}", timeout=10) as resp:
         doc: dict[str, Any] = json_codec.loads(resp.read())
     return doc
@@ -114,7 +121,7 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
     while True:
         try:
-            doc = fetch(args.url, args.window)
+            doc = fetch(args.url, args.window, args.scope)
         except (urllib.error.URLError, OSError) as exc:
             print(f"cannot read {args.url}/admin/compare: {exc}", file=sys.stderr)
             return 1

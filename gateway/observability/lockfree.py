@@ -59,6 +59,10 @@ class _Family(Generic[C]):
     def _child(self) -> C:
         raise NotImplementedError
 
+    def children(self) -> dict[tuple[str, ...], C]:
+        """Every labelled child created so far, by label values (do not modify)."""
+        return self._children
+
     def labels(self, *values: str) -> C:
         child = self._children.get(values)
         if child is None:

@@ -35,7 +35,7 @@ class Dispatcher:
         try:
             key = ex.key = self._guard.authenticate(headers)
             if key is not None:
-                ex.rate_headers = self._guard.limit(key) or None
+                ex.rate_headers = await self._guard.limit(key) or None
             generation.proxy.parse(ex, body, headers)
             await generation.proxy.serve(ex, headers, sink)
         except GatewayError as exc:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import aiohttp
 
@@ -24,6 +25,17 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
+
+
+class Poller(Protocol):
+    """What a config generation runs to keep its pool's health and load current: a `HealthPoller`,
+    or a `health_feed.FollowedPoller` that applies the results its supervisor's poller found."""
+
+    async def poll_once(self) -> None: ...
+
+    async def poll_backend(self, state: BackendState) -> None: ...
+
+    async def run(self) -> None: ...
 
 
 class HealthPoller:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .book import Group, StatsBook
+from .book import Group
 from .cost import group_price, usd_per_million
 from .quantiles import gap_summary, summary
+from .views import BookView
 from .window import View
 
 
@@ -27,7 +28,7 @@ def _ratio(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, Any]:
+def figures(book: BookView, g: Group, now: float, window_s: int) -> dict[str, Any]:
     g.series.advance(now)
     v: View = g.series.view(now, window_s)
     bs = v.buckets

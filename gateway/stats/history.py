@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .book import Group, StatsBook
+from .book import Group
 from .cost import group_price, usd_per_million
 from .quantiles import gap_summary, summary
+from .views import BookView
 
 STEP_S = 10
 POINTS = 30
 
 
-def group_history(book: StatsBook, g: Group, now: float) -> dict[str, list[float | None]]:
+def group_history(book: BookView, g: Group, now: float) -> dict[str, list[float | None]]:
     series = g.series
     last_end = math.floor(now) // STEP_S * STEP_S
     price = group_price(book.prices.get(n) for n in g.backends)
@@ -41,7 +42,7 @@ def group_history(book: StatsBook, g: Group, now: float) -> dict[str, list[float
     return out
 
 
-def history(book: StatsBook, now: float) -> dict[str, Any]:
+def history(book: BookView, now: float) -> dict[str, Any]:
     last_end = math.floor(now) // STEP_S * STEP_S
     return {
         "step_s": STEP_S,

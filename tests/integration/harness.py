@@ -90,17 +90,21 @@ class GatewayProcess:
     stopped by pid. With `host="0.0.0.0"` it listens on every interface; the tests still reach it on
     127.0.0.1."""
 
-    def __init__(self, config: Mapping[str, Any] | None, workdir: Path, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, config: Mapping[str, Any] | None, workdir: Path, *, host: str = "127.0.0.1", workers: int = 1,
+        port: int = 0,
+    ) -> None:
         source: list[str] = []
+        self.config_path = workdir / "gateway.yaml"
         if config is not None:
-            path = workdir / "gateway.yaml"
-            path.write_text(yaml.safe_dump(dict(config)))
-            source = ["--config", str(path)]
+            self.config_path.write_text(yaml.safe_dump(dict(config)))
+            source = ["--config", str(self.config_path)]
         self.log_path = workdir / "gateway.log"
-        self._log = self.log_path.open("w")
+        self._log = self.log_path.open("a")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", *source, "--host", host, "--port", "0"],
+            [sys.executable, "-m", "gateway", "serve", *source, "--host", host, "--port", str(port),
+             "--workers", str(workers)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
             start_new_session=True,
         )
@@ -109,7 +113,8 @@ class GatewayProcess:
         if not line.startswith("gateway listening on "):
             self.stop()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
-        self.url = line.split()[-1].replace("://0.0.0.0:", "://127.0.0.1:")
+        # "gateway listening on URL" [+ " (N workers)"]
+        self.url = line.split()[3].replace("://0.0.0.0:", "://127.0.0.1:")
         self._clients: list[openai.OpenAI] = []
 
     def client(self) -> openai.OpenAI:

@@ -198,9 +198,11 @@ async function getJson(url) {
 
 async function poll() {
   const windowS = document.getElementById("window").value;
+  const scope = document.getElementById("scope").value;
   const status = document.getElementById("status");
   try {
-    const [doc, be] = await Promise.all([getJson("/admin/compare?window=" + windowS), getJson("/admin/backends")]);
+    const [doc, be] = await Promise.all([
+      getJson("/admin/compare?window=" + windowS + "&scope=" + scope), getJson("/admin/backends")]);
     drawTotals(doc);
     const hist = { ...doc.history, runtime: doc.history.runtimes, backend: doc.history.backends };
     drawCharts("runtime", hist);
@@ -212,7 +214,10 @@ async function poll() {
     updates += 1;
     document.body.dataset.updates = String(updates);
     document.body.dataset.totalRequests = String(doc.total.requests);
-    status.textContent = `live · window ${windowS} s · update ${updates}`;
+    const where = doc.scope === "fleet" ? `fleet of ${(doc.replicas || []).length} replicas`
+      : `${doc.workers || 1} worker${(doc.workers || 1) > 1 ? "s" : ""}`;
+    document.body.dataset.scope = doc.scope || "replica";
+    status.textContent = `live · ${where} · window ${windowS} s · update ${updates}`;
     status.className = "status ok";
   } catch (err) {
     status.textContent = "error: " + err.message;
@@ -221,5 +226,8 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
-// A new window takes effect at the next poll (at most POLL_MS later).
+// A new window or scope takes effect at the next poll (at most POLL_MS later). `?scope=fleet` in the
+// page's address starts on the fleet view (a link or bookmark to it).
+const wantedScope = new URLSearchParams(location.search).get("scope");
+if (wantedScope === "fleet" || wantedScope === "replica") document.getElementById("scope").value = wantedScope;
 poll();
