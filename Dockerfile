@@ -60,6 +60,8 @@ COPY config /etc/gateway
 ENV PATH=/opt/gateway/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
 EXPOSE 8080
+# It listens on 0.0.0.0: without `auth.admin_token_sha256` in the config, admin writes (reload, live
+# weights) are refused with 403 (they are open only on a loopback-only listener); reads stay open.
 # With no --config the gateway starts its embedded demo fleet; mount a config for real backends:
 #   podman run -p 8080:8080 -v $PWD/my.yaml:/etc/gateway/my.yaml:ro IMAGE serve --config /etc/gateway/my.yaml --host 0.0.0.0
 ENTRYPOINT ["/opt/gateway/bin/gateway"]

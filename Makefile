@@ -47,16 +47,19 @@ check: install  ## lint and types
 
 # dnsmasq-base is the dnsmasq binary alone (the `dnsmasq` package would also start a system service);
 # tests/discovery runs it on loopback. openssl makes the TLS certificates of the in-cluster test.
-system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, nginx, dnsmasq, openssl); needs root
+# redis-server: tests/replicas and `bench replicas` start their own on a free loopback port, in
+# memory only (never the system service).
+system-deps:  ## Debian packages the tests and benchmarks use (chromium, wrk, nginx, dnsmasq, openssl, redis-server); needs root
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v nginx >/dev/null || missing="$$missing nginx-light"; \
 	command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || missing="$$missing dnsmasq-base"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing="$$missing redis-server"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-		else echo "install$$missing (apt-get) for the browser and discovery tests and benchmarks"; fi; fi
+		else echo "install$$missing (apt-get) for the browser, discovery and replicas tests and benchmarks"; fi; fi
 
 prometheus:  ## real prometheus + promtool for tests/prometheus (Debian's package, unpacked into ~/.cache/igw; no service)
 	@bash scripts/prometheus/fetch.sh >/dev/null
@@ -72,18 +75,20 @@ container-deps:  ## podman, runc, buildah and debootstrap for the container tier
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
-test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, unit, integration, emulator, Prometheus, real-vLLM and container tiers
+test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, every tier on both builds, the container tier
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-container
 
-# The tiers above run the compiled build; this runs the unit tier once more on a copy of the
-# sources without it (what runs where there is no C compiler).
-test-pure: install  ## the unit tier against the pure-Python sources
+# The tiers above run the compiled build; this runs every tier once more (but the container one, which
+# builds its own image) on a copy of the checkout without the compiled modules: what runs where there
+# is no C compiler. Both builds are one source, and both must pass the same tests.
+test-pure: install  ## every tier but the container one, on the pure-Python sources
 	rm -rf build/pure && mkdir -p build/pure
-	cp -r gateway backends tests pyproject.toml README.md config docs build/pure/
+	git ls-files -z | xargs -0 cp --parents -t build/pure
 	find build/pure -name '*.so' -delete
-	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
+	cd build/pure && $(CURDIR)/$(PY) -c "from gateway import build_check as b; assert not b.compiled(); print('build:', b.describe())"
+	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test-fast: install prometheus  ## the tiers without real vLLM and without the container build
 	$(VENV)/bin/pytest -m "not real and not container"

@@ -32,6 +32,10 @@ class Runtime(enum.StrEnum):
 class Endpoint(enum.StrEnum):
     CHAT = "chat"  # POST /v1/chat/completions
     COMPLETIONS = "completions"  # POST /v1/completions
+    RESPONSES = "responses"  # POST /v1/responses
+    EMBEDDINGS = "embeddings"  # POST /v1/embeddings
+    TOKENIZE = "tokenize"  # POST /tokenize (vLLM and SGLang)
+    DETOKENIZE = "detokenize"  # POST /detokenize
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,16 @@ from backends.base import (
     Usage,
 )
 
-PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+PATHS = {
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.COMPLETIONS: "/v1/completions",
+    Endpoint.RESPONSES: "/v1/responses",
+    Endpoint.EMBEDDINGS: "/v1/embeddings",
+    Endpoint.TOKENIZE: "/tokenize",
+    Endpoint.DETOKENIZE: "/detokenize",
+}
+# the endpoints whose streams are chat/completions chunks (the gateway asks them for a usage chunk)
+CHUNKED = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -67,6 +76,8 @@ class OpenAICompatAdapter:
         """The JSON object to send. Copies, never mutates, the client's body."""
         body = dict(req.body)
         body["model"] = model
+        if req.endpoint not in CHUNKED:
+            return body  # Responses streams end with their usage; the other endpoints do not stream
         if req.stream:
             body["stream_options"] = force_include_usage(body.get("stream_options"))
         else:
@@ -108,8 +119,8 @@ def force_include_usage(options: object) -> object:
 
 
 def rewrite_model(body: bytes, model: str) -> Reply:
-    """Set the top-level `model` of a JSON object body and read its usage, parsing it once; other
-    bodies pass through untouched.
+    """Set the top-level `model` of a JSON object body that has one and read its usage, parsing it
+    once; other bodies pass through untouched.
 
     The rename is a byte replacement of the backend's `"model":"<name>"` (with or without the space
     after the colon) when that key occurs exactly once, which is the top-level one; the body is only
@@ -122,16 +133,31 @@ def rewrite_model(body: bytes, model: str) -> Reply:
         return Reply(body, None)
     usage = parse_usage(obj)
     old = obj.get("model")
-    if old == model:
+    if old == model or "model" not in obj:  # tokenize answers name no model: nothing to rename
         return Reply(body, usage)
-    if isinstance(old, str):
-        quoted, new = orjson.dumps(old), orjson.dumps(model)
-        for sep in (b":", b": "):
-            key = b'"model"' + sep + quoted
-            if body.count(key) == 1 and body.count(b'"model"') == 1:
-                return Reply(body.replace(key, b'"model"' + sep + new), usage)
+    if isinstance(old, str) and body.count(b'"model"') == 1:
+        for key, new in _model_keys(old, model):
+            if body.find(key) >= 0:  # (not `in`: bytes' `in` raises and clears a TypeError)
+                return Reply(body.replace(key, new, 1), usage)
     obj["model"] = model
     return Reply(orjson.dumps(obj), usage)
+
+
+_MODEL_KEYS: dict[tuple[str, str], tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _model_keys(old: str, new: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The `"model":"<old>"` byte patterns (with and without a space) and their replacements, built
+    once per pair of names (a handful: the configured backend and route models)."""
+    keys = _MODEL_KEYS.get((old, new))
+    if keys is None:
+        if len(_MODEL_KEYS) >= 256:  # names come from backends' answers: never let them grow it unbounded
+            _MODEL_KEYS.clear()
+        quoted_old, quoted_new = orjson.dumps(old), orjson.dumps(new)
+        keys = _MODEL_KEYS[(old, new)] = tuple(
+            (b'"model"' + sep + quoted_old, b'"model"' + sep + quoted_new) for sep in (b":", b": ")
+        )
+    return keys
 
 
 def _int(value: object) -> int | None:
@@ -141,17 +167,34 @@ def _int(value: object) -> int | None:
 def parse_usage(obj: Mapping[str, Any]) -> Usage | None:
     """Usage from a response or usage chunk; None when absent or malformed.
 
-    `cached_tokens` stays None unless the runtime reported `prompt_tokens_details.cached_tokens`
+    Chat and completions say `prompt_tokens`/`completion_tokens`; embeddings `prompt_tokens` and
+    `total_tokens` only (no completion: 0); Responses `input_tokens`/`output_tokens` with
+    `input_tokens_details.cached_tokens`. `cached_tokens` stays None unless the runtime reported it
     (vLLM and SGLang only do with a server flag), so "0 cached" and "not reported" stay distinct.
     """
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
     prompt = _int(usage.get("prompt_tokens"))
+    if prompt is None:
+        return _responses_usage(usage)
     completion = _int(usage.get("completion_tokens"))
-    if prompt is None or completion is None:
+    if completion is None:  # embeddings: what the total holds beyond the prompt (0)
+        total = _int(usage.get("total_tokens"))
+        completion = total - prompt if total is not None and total >= prompt else None
+    if completion is None:
         return None
     details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def _responses_usage(usage: Mapping[str, Any]) -> Usage | None:
+    prompt = _int(usage.get("input_tokens"))
+    completion = _int(usage.get("output_tokens"))
+    if prompt is None or completion is None:
+        return None
+    details = usage.get("input_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
     return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 

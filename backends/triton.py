@@ -88,6 +88,8 @@ def _stop_words(stop: object) -> list[str] | str:
 
 def plan(req: ClientRequest, template: str) -> TritonPlan:
     """Translate a client request into a generate-extension body. Raises TranslationError."""
+    if req.endpoint not in DEFAULT_MAX_TOKENS:  # Responses come through the gateway's chat translation
+        raise TranslationError(f"/{req.endpoint} is not served by this backend (Triton)")
     b = req.body
     for key in _UNSUPPORTED:
         if b.get(key):

@@ -41,7 +41,15 @@ CHAT_FIELDS = _COMMON | _fields(
     """
 )
 COMPLETION_FIELDS = _COMMON | _fields("prompt echo max_tokens suffix return_context_logits detokenize")
-_ALLOWED = {Endpoint.CHAT: CHAT_FIELDS, Endpoint.COMPLETIONS: COMPLETION_FIELDS}
+# `ResponsesRequest` (openai_protocol.py): the OpenAI fields it declares (its `priority` is dropped, as above)
+RESPONSES_FIELDS = _fields(
+    """
+    background include input instructions max_output_tokens max_tool_calls metadata model parallel_tool_calls
+    previous_response_id prompt reasoning service_tier store stream temperature text tool_choice tools
+    top_logprobs top_p truncation user stream_options
+    """
+)
+_ALLOWED = {Endpoint.CHAT: CHAT_FIELDS, Endpoint.COMPLETIONS: COMPLETION_FIELDS, Endpoint.RESPONSES: RESPONSES_FIELDS}
 STREAM_OPTION_FIELDS = frozenset({"include_usage", "continuous_usage_stats"})
 
 
@@ -64,9 +72,13 @@ class TRTLLMAdapter(OpenAICompatAdapter):
         super().__init__(Runtime.TRTLLM)
 
     def prepare_body(self, req: ClientRequest, *, model: str) -> dict[str, Any]:
-        allowed = _ALLOWED[req.endpoint]
+        allowed = _ALLOWED.get(req.endpoint)
+        if allowed is None:  # embeddings: the client's fields go as they are (trtllm's 400 names a bad one)
+            return {**req.body, "model": model}
         body = {k: v for k, v in req.body.items() if k in allowed}
         body["model"] = model
+        if req.endpoint is Endpoint.RESPONSES:
+            return body
         # trtllm rejects stream_options without stream (400), and unknown keys inside it.
         body.pop("stream_options", None)
         if req.stream:

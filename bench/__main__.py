@@ -18,6 +18,8 @@ COMMANDS = {
     "multiturn": ("bench.multiturn", "multi-turn prefix reuse vs one infinite cache: prefix_affinity (today's, "
                   "this tree, with KV events) and sglang-router's cache_aware"),
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
+    "replicas": ("bench.replicas", "Redis + 3 replicas x 2 workers: shared budget, weight propagation, placement, "
+                                   "scaling, store overhead"),
 }
 
 

@@ -29,7 +29,7 @@ async def serve(upstream: str, port: int) -> None:
 
     class Lean:
         @staticmethod
-        def refused(endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        def refused(endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
             return None
 
         @staticmethod
@@ -55,7 +55,7 @@ async def serve(upstream: str, port: int) -> None:
     runner = web.AppRunner(web.Application())  # nothing but generation requests arrive here
     await runner.setup()
     assert runner.server is not None
-    front = Front(Lean(), runner.server, Limits)
+    front = Front(Lean(), runner.server, Limits())
     server = await asyncio.get_running_loop().create_server(front, "127.0.0.1", port, backlog=4096)
     gc.collect()
     gc.freeze()

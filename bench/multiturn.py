@@ -48,7 +48,7 @@ import orjson
 import yaml
 
 from bench.multiturn_workload import Ideal, MultiTurnSpec, calibrate, generate, ideal
-from bench.peers import PEERS, PEERS_DIR, _install, version
+from bench.peers import PEERS_DIR, SGLANG_ROUTER, install, version
 from bench.procs import ROOT, Proc, free_port
 from bench.routing_client import Result, fmt, hit_counters, pct, scrape, stream_one, to_jsonable
 from bench.routing_fleet import BackendSpec
@@ -114,8 +114,7 @@ class Router:
         self.variant = variant
         self.model = "moe"
         if variant.startswith("sglang"):
-            peer = next(p for p in PEERS if p.name == "sglang-router")
-            why = _install(peer)
+            why = install(SGLANG_ROUTER)
             if why is not None:
                 raise RuntimeError(f"sglang-router unavailable: {why}")
             port = free_port()
@@ -426,7 +425,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                       f"p99 {row['ttft_p99_s'] * 1000:.0f} ms, exact {fmt(row['prediction_exact_share'], '.1%')}, "
                       f"{row['errors']} errors, {time.monotonic() - t0:.0f} s", flush=True)
     if any(r["variant"].startswith("sglang") for r in rows):
-        notes.append(f"- sglang-router {version('sglang-router')} from PyPI, its defaults (cache threshold 0.3, "
+        notes.append(f"- sglang-router {version(SGLANG_ROUTER)} from PyPI, its defaults (cache threshold 0.3, "
                      "balance thresholds 64 / 1.5, tree of 64M characters)")
     if baseline is not None:
         notes.append(f"- `affinity@main` is `git archive {args.baseline_rev}` (gateway, backends), run as pure Python "

@@ -1,40 +1,54 @@
-"""`--peers`: the same non-streaming wrk load against other gateways installed from PyPI.
+"""`--peers`: other gateways, installed from PyPI at pinned versions, run in front of the same upstreams.
 
-Each peer gets its own venv under ~/.cache/igw/peers/<name> (installed once, pip with a time limit);
-a failed install or a peer that does not come up is skipped with a note, never fatal. CPU is summed
-over the peer's whole process group (some peers fork workers).
+Each peer gets its own venv under ~/.cache/igw/peers/<name>, installed once (pip with a time limit)
+and reinstalled when its pin changes (the venv's `.bench-installed` holds the requirement it was
+made for). A failed install or a peer that does not answer is skipped with a note, never fatal.
+Every peer runs with one worker URL, round robin, request logging off (warning level, as the
+gateway runs) and its Prometheus exporter on a free port, so that several instances can run at once.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
-from bench import procs, wrk
-from bench.procs import Nginx, Proc
+from bench import procs
+from bench.procs import Proc
 
 PEERS_DIR = Path.home() / ".cache" / "igw" / "peers"
 INSTALL_TIMEOUT_S = 420
+READY_TIMEOUT_S = 180  # LiteLLM takes ~45 s to start on a busy 2-core machine
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
     name: str
-    requirement: str
+    package: str  # the distribution whose version the report states
+    requirement: str  # what pip installs: pinned
     argv: Callable[[Path, str, int, Path], list[str]]  # (venv, upstream url, port, tmp) -> command
     env: tuple[tuple[str, str], ...] = ()
 
 
+def _sglang_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
+    return [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--worker-urls", upstream,
+            "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+            "--prometheus-port", str(procs.free_port()), "--log-level", "warn"]
+
+
+def _vllm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
+    return [str(venv / "bin" / "vllm-router"), "--worker-urls", upstream, "--host", "127.0.0.1",
+            "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(procs.free_port()),
+            "--log-level", "warning"]
+
+
 def _litellm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
-    config = tmp / "litellm.yaml"
+    config = tmp / f"litellm-{port}.yaml"
     config.write_text(
         "model_list:\n  - model_name: moe\n    litellm_params:\n      model: hosted_vllm/tiny-moe\n"
         f"      api_base: {upstream}/v1\n      api_key: unused\n"
@@ -42,24 +56,20 @@ def _litellm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
     return [str(venv / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
 
 
-PEERS = (
-    Peer("sglang-router", "sglang-router", lambda v, u, p, t: [
-        str(v / "bin" / "python"), "-m", "sglang_router.launch_router", "--worker-urls", u, "--host", "127.0.0.1",
-        "--port", str(p), "--policy", "round_robin"]),
-    Peer("vllm-router", "vllm-router", lambda v, u, p, t: [
-        str(v / "bin" / "vllm-router"), "--worker-urls", u, "--host", "127.0.0.1", "--port", str(p),
-        "--policy", "round_robin"]),
-    # Without a master key recent LiteLLM refuses to start unless told this is local use (it is).
-    Peer("litellm", "litellm[proxy]", _litellm_argv,
-         env=(("LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY", "true"), ("LITELLM_LOG", "ERROR"))),
-)
+VLLM_ROUTER = Peer("vllm-router", "vllm-router", "vllm-router==0.1.17", _vllm_argv)
+SGLANG_ROUTER = Peer("sglang-router", "sglang-router", "sglang-router==0.3.2", _sglang_argv)
+# ~100x the routers' CPU per request: only with `--litellm`. Pinned to what pip resolves
+# `litellm[proxy]` to here (1.110's proxy extra needs `litellm-proxy`, which PyPI does not have).
+# Without a master key recent LiteLLM refuses to start unless told this is local use (it is).
+LITELLM = Peer("litellm", "litellm", "litellm[proxy]==1.108.7", _litellm_argv,
+               env=(("LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY", "true"), ("LITELLM_LOG", "ERROR")))
 
 
-def _install(peer: Peer) -> str | None:
-    """Returns None when installed, else why not."""
+def install(peer: Peer) -> str | None:
+    """Installs the pinned peer if its venv does not hold it yet. Returns None when installed, else why not."""
     venv = PEERS_DIR / peer.name
     stamp = venv / ".bench-installed"
-    if stamp.exists():
+    if stamp.exists() and stamp.read_text().strip() == peer.requirement:
         return None
     try:
         PEERS_DIR.mkdir(parents=True, exist_ok=True)
@@ -71,92 +81,63 @@ def _install(peer: Peer) -> str | None:
         return f"install failed: {exc}"
     if out.returncode != 0:
         return f"pip install {peer.requirement} failed: {out.stderr.strip().splitlines()[-1:]}"
-    stamp.touch()
+    stamp.write_text(peer.requirement + "\n")
     return None
 
 
-def _group_cpu(pgid: int) -> float:
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    total += procs.cpu_seconds(int(entry))
-            except (OSError, ValueError):
-                continue
-    return total
+def version(peer: Peer) -> str:
+    """The installed version of the peer's package, from its venv (`?` when unknown)."""
+    try:
+        out = subprocess.run([str(PEERS_DIR / peer.name / "bin" / "pip"), "list", "--format", "json"],
+                             capture_output=True, timeout=60, check=False)
+        pkgs = {p["name"].lower(): p["version"] for p in orjson.loads(out.stdout)}
+    except (OSError, subprocess.SubprocessError, orjson.JSONDecodeError):
+        return "?"
+    return str(pkgs.get(peer.package.lower(), "?"))
 
 
-def _ready(proc: Proc, url: str, body: bytes, timeout_s: float) -> str | None:
+@dataclass(slots=True)
+class Running:
+    peer: Peer
+    proc: Proc
+    url: str
+    command: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def start(peer: Peer, upstream: str, tmp: Path, label: str) -> Running:
+    """Starts the (installed) peer in front of `upstream`; `wait_ready` says when it answers."""
+    port = procs.free_port()
+    argv = peer.argv(PEERS_DIR / peer.name, upstream, port, tmp)
+    proc = Proc(label, argv, log=tmp / f"{label}.log", env=dict(peer.env))
+    return Running(peer, proc, f"http://127.0.0.1:{port}", " ".join(argv).replace(str(PEERS_DIR), "~/.cache/igw/peers"))
+
+
+def wait_ready(running: Running, body: bytes, *, timeout_s: float = READY_TIMEOUT_S) -> str | None:
+    """Polls with a real chat completion until the peer answers 200 with a completion (None), or says
+    why not (exited, or the last error when `timeout_s` is up)."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline:
-        if proc.proc.poll() is not None:
-            return f"exited with {proc.proc.returncode}"
+        if running.proc.proc.poll() is not None:
+            return f"exited with {running.proc.proc.returncode}"
         try:
-            req = urllib.request.Request(url + "/v1/chat/completions", data=body,
+            req = urllib.request.Request(running.url + "/v1/chat/completions", data=body,
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=5) as resp:
                 if resp.status == 200 and b"choices" in resp.read():
                     return None
         except Exception as exc:  # any failure means "not yet"
             last = f"{type(exc).__name__}: {exc}"
-        time.sleep(1)
+        time.sleep(0.5)
     return last
 
 
-def measure(*, nginx: Nginx, tmp: Path, body: Path, script: Path, plan_runs: int, duration_s: float,
-            gateway: Any, naive: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """wrk at c=64 and c=256 against each peer that comes up, with the gateway and the naive proxy
-    measured again in the same repetitions for side-by-side ratios."""
-    rows: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for peer in PEERS:
-        why = _install(peer)
-        if why is not None:
-            notes.append(f"peer {peer.name} skipped: {why}")
-            continue
-        port = procs.free_port()
-        argv = peer.argv(PEERS_DIR / peer.name, nginx.json_url, port, tmp)
-        proc = Proc(peer.name, argv, log=tmp / f"peer-{peer.name}.log", env=dict(peer.env))
-        try:
-            url = f"http://127.0.0.1:{port}"
-            why = _ready(proc, url, body.read_bytes(), 90)
-            if why is not None:
-                tail = (tmp / f"peer-{peer.name}.log").read_text(errors="replace")[-300:]
-                notes.append(f"peer {peer.name} skipped: did not answer a chat completion ({why}); log: {tail!r}")
-                continue
-            notes.append(f"peer {peer.name} {version(peer.requirement.split('[')[0])}: `{' '.join(argv)}`"
-                         .replace(str(PEERS_DIR), "~/.cache/igw/peers"))
-            pgid = proc.pid
-            for rep in range(plan_runs):
-                for c in (64, 256):
-                    for name, target_url, cpu in ((peer.name, url, lambda g=pgid: _group_cpu(g)),
-                                                  ("gateway", gateway.url, gateway.cpu),
-                                                  ("naive", naive.url, naive.cpu)):
-                        cpu0 = cpu()
-                        try:
-                            r = wrk.run(target_url + "/v1/chat/completions", body, script, connections=c,
-                                        duration_s=duration_s)
-                        except RuntimeError as exc:
-                            notes.append(f"{name} at c={c}: {exc}")
-                            continue
-                        used = cpu() - cpu0
-                        rows.append({"target": name, "c": c, "rep": rep, "rps": r.rps, "p50_ms": r.p50_ms,
-                                     "p99_ms": r.p99_ms, "errors": r.errors, "requests": r.requests,
-                                     "cpu_us_per_req": used / r.requests * 1e6 if r.requests else None,
-                                     "peer_group": peer.name})
-        finally:
-            proc.stop()
-    return rows, notes
-
-
-def version(peer: str) -> str:
-    venv = PEERS_DIR / peer
-    try:
-        out = subprocess.run([str(venv / "bin" / "pip"), "list", "--format", "json"], capture_output=True,
-                             timeout=30, check=False)
-        pkgs = {p["name"].lower(): p["version"] for p in orjson.loads(out.stdout)}
-    except (OSError, subprocess.SubprocessError, orjson.JSONDecodeError):
-        return "?"
-    return str(pkgs.get(peer.lower(), "?"))
+def log_tail(running: Running, n: int = 300) -> str:
+    return running.proc.log_path.read_text(errors="replace")[-n:]

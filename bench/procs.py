@@ -51,6 +51,57 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _group_pids(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (every server here runs in a session of its own)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _task_ns(pid: int) -> int:
+    total = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    return total
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """On-CPU time of a whole process group, summed over every thread of every live member from
+    /proc/<pid>/task/<tid>/schedstat: nanosecond resolution, where /proc/<pid>/stat counts 10 ms
+    ticks (too coarse for a few seconds of a process using a fraction of a core). Threads that
+    exited are not counted; `group_cpu_ticks` is the coarse cross-check that does count them."""
+    return sum(_task_ns(pid) for pid in _group_pids(pgid)) / 1e9
+
+
+def group_cpu_ticks(pgid: int) -> float:
+    """The same from /proc/<pid>/stat (utime + stime, exited threads included, 1/CLK_TCK s ticks)."""
+    total = 0.0
+    for pid in _group_pids(pgid):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+def group_read_calls(pgid: int) -> int:
+    """read(2)-family system calls of a process group (`syscr` of /proc/<pid>/io). uvloop (libuv)
+    reads sockets with read(2), so for our Python servers this counts socket reads; recv(2), which
+    Rust's standard library uses, is not counted."""
+    total = 0
+    for pid in _group_pids(pgid):
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+            total += int(next(line for line in lines if line.startswith("syscr:")).split()[1])
+    return total
+
+
 def machine_busy_seconds() -> float:
     """CPU-seconds spent busy by the whole machine (all cores, all processes), from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -149,10 +200,12 @@ class Nginx:
 
 
 def gateway_config(upstream_url: str, *, model: str = "moe") -> dict[str, Any]:
+    """One vLLM backend behind one route with `policy: round_robin`, the load issue 13 measures (the
+    peers run round robin too)."""
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "backends": [{"name": "nginx-vllm", "runtime": "vllm", "url": upstream_url, "model": "tiny-moe"}],
-        "routes": [{"model": model, "backends": ["nginx-vllm"]}],
+        "routes": [{"model": model, "backends": ["nginx-vllm"], "policy": "round_robin"}],
         "health": {"interval_s": 5},
     }
 

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+MARKERS = ("site-packages/", "lib/python3.11/", f"{Path(__file__).resolve().parents[1]}/")  # trimmed off paths
+
 
 def py_spy() -> str | None:
     return shutil.which("py-spy") or next(
@@ -37,7 +39,7 @@ def _frame(frame: str) -> str:
     name, _, where = frame.partition(" (")
     where = where.rstrip(")")
     path, _, _line = where.rpartition(":")
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+    for marker in MARKERS:
         if marker in path:
             path = path.split(marker, 1)[1]
     return f"{name} ({path})" if path else name
@@ -46,7 +48,7 @@ def _frame(frame: str) -> str:
 def _module(frame: str) -> str:
     _, _, where = frame.partition(" (")
     path = where.rstrip(")").rpartition(":")[0]
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+    for marker in MARKERS:
         if marker in path:
             path = path.split(marker, 1)[1]
     return path or "<native>"

@@ -1,305 +1,244 @@
 """Turn the raw results of `bench overhead` into bench/results/overhead.md, profile.md and PNG plots.
 
-Every figure is a median over repetitions; ratios are computed within each repetition (targets were
-measured side by side) and then the median ratio is quoted.
+Every figure is a median over rounds; a ratio or a difference between two targets is computed within
+each round (the targets were measured one after the other in it) and the median of those is quoted.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("direct", "gateway", "pure", "naive", "lean")
+from bench import report_parts, report_plots
+from bench.report_stats import Points, fmt, med, pct, times, verdict
+from bench.targets import PYTHON
+
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
+MIN_ROUNDS = 3  # issue 13: medians of >= 3 interleaved rounds
+CHUNK_GOAL_US = 1.5
+SECTION_TITLES = {
+    "a": "a. Non-streaming",
+    "b": "b. Streaming, 20 events in one write",
+    "c": "c. Streaming, one event per write",
+}
 
 
-def _med(values: Iterable[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
-
-
-def _f(v: float | None, fmt: str = ".1f") -> str:
-    return "–" if v is None else format(v, fmt)
-
-
-def _group(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    out: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        out[tuple(r[k] for k in keys)].append(r)
+def targets_table(res: dict[str, Any], p: Points) -> list[str]:
+    """Issue 13's three targets, for the build `make install` makes and for the pure-Python one."""
+    builds = [b for b in ("gateway", "pure") if any(p.of(s, b) for s in "abc")]
+    label = {"gateway": "as `make install` builds it", "pure": "pure-Python build"}
+    out = ["| target (issue 13) | build | goal | measured | ratio / difference (median of rounds) | |",
+           "|---|---|---|---|---|---|"]
+    for section, what in (("a", "non-streaming CPU per request"),
+                          ("b", "streaming CPU per request, 20 events in one write")):
+        vr = p.med(section, "vllm-router", "cpu_us_per_req")
+        for b in builds:
+            mine = p.med(section, b, "cpu_us_per_req")
+            if mine is None:
+                continue
+            ratio = p.ratio(section, "cpu_us_per_req", b, "vllm-router")
+            measured = f"{fmt(mine)} µs vs vllm-router {fmt(vr)} µs" if vr is not None else \
+                f"{fmt(mine)} µs (vllm-router not run: `--peers`)"
+            out.append(f"| {section}: {what} (c={_c(p, section)}) | {label[b]} | ≤ vllm-router's | {measured} | "
+                       f"{times(ratio)} | {verdict(None if ratio is None else ratio <= 1.0)} |")
+    for b in builds:
+        if not p.of("c", b):
+            continue
+        beyond = p.per_chunk_beyond("c", b, "lean")
+        mine, lean = p.med("c", b, "cpu_us_per_chunk"), p.med("c", "lean", "cpu_us_per_chunk")
+        out.append(f"| c: CPU per relayed chunk beyond the plain relay (lean), one event per write | {label[b]} | "
+                   f"≤ {CHUNK_GOAL_US:g} µs | {fmt(mine, '.2f')} µs vs lean {fmt(lean, '.2f')} µs per chunk | "
+                   f"{fmt(beyond, '.2f')} µs | {verdict(None if beyond is None else beyond <= CHUNK_GOAL_US)} |")
     return out
 
 
-def _ratio(rows: list[dict[str, Any]], key: str, num: str, den: str, **match: Any) -> float | None:
-    """Median over repetitions of row[num][key] / row[den][key], pairing rows of the same repetition."""
-    by_rep = _group([r for r in rows if all(r.get(k) == v for k, v in match.items())], "rep")
-    ratios = []
-    for group in by_rep.values():
-        a = next((r[key] for r in group if r["target"] == num), None)
-        b = next((r[key] for r in group if r["target"] == den), None)
-        if a is not None and b:
-            ratios.append(a / b)
-    return _med(ratios)
+def _c(p: Points, section: str) -> str:
+    cs = sorted({r["c"] for r in p.rows if r["section"] == section})
+    return ",".join(str(c) for c in cs) or "?"
 
 
-def _diff(rows: list[dict[str, Any]], key: str, a: str, b: str, **match: Any) -> float | None:
-    by_rep = _group([r for r in rows if all(r.get(k) == v for k, v in match.items())], "rep")
-    diffs = []
-    for group in by_rep.values():
-        x = next((r[key] for r in group if r["target"] == a), None)
-        y = next((r[key] for r in group if r["target"] == b), None)
-        if x is not None and y is not None:
-            diffs.append(x - y)
-    return _med(diffs)
+def _rounds_of(rows: list[dict[str, Any]], key: str, spec: str) -> str:
+    return " / ".join(fmt(r.get(key), spec) for r in sorted(rows, key=lambda r: r["round"]))
 
 
-def summary(res: dict[str, Any]) -> dict[str, Any]:
-    closed = res["closed"]
-    cs = sorted({r["c"] for r in closed})
-    table = {}
-    for (target, c), rows in _group(closed, "target", "c").items():
-        table[(target, c)] = {k: _med(r.get(k) for r in rows) for k in
-                              ("rps", "p50_ms", "p99_ms", "cpu_us_per_req", "req_per_cpu_s", "cpu_util",
-                               "wrk_cpu_util", "nginx_cpu_util", "other_cpu_util")}
-        table[(target, c)]["errors"] = sum(r["errors"] for r in rows)
-        table[(target, c)]["runs"] = len(rows)
-    per_core = {c: _ratio(closed, "req_per_cpu_s", "gateway", "naive", c=c) for c in cs}
-    per_core_pure = {c: _ratio(closed, "req_per_cpu_s", "pure", "naive", c=c) for c in cs}
-    native_gain = {c: _ratio(closed, "cpu_us_per_req", "pure", "gateway", c=c) for c in cs}
-    logic = {c: _diff(closed, "cpu_us_per_req", "gateway", "lean", c=c) for c in cs}
-    direct_over_gw = {c: _ratio(closed, "rps", "direct", "gateway", c=c) for c in cs}
-    added = {c: (_diff(closed, "p50_ms", "gateway", "direct", c=c),
-                 _diff(closed, "p99_ms", "gateway", "direct", c=c),
-                 _diff(closed, "p50_ms", "naive", "direct", c=c)) for c in cs}
-    stream = {t: {k: _med(r.get(k) for r in rows) for k in ("rps", "cpu_us_per_req", "cpu_us_per_chunk", "cpu_util",
-                                                       "wrk_cpu_util", "p50_ms", "p99_ms")}
-              | {"errors": sum(r["errors"] for r in rows)}
-              for (t,), rows in _group(res["stream"], "target").items()}
-    ttft = {}
-    names = res["ttft"].get("names", {})
-    for url, stats in res["ttft"].get("targets", {}).items():
-        ttft[names.get(url, url)] = stats
-    return {"cs": cs, "table": table, "per_core": per_core, "per_core_pure": per_core_pure,
-            "native_gain": native_gain, "logic": logic, "direct_over_gw": direct_over_gw,
-            "added": added, "stream": stream, "ttft": ttft}
-
-
-def _other(r: dict[str, Any]) -> str:
-    v = r.get("other_cpu_util")
-    return "–" if v is None else f"{100 * v:.0f}%"
-
-
-def _targets_table(res: dict[str, Any], s: dict[str, Any]) -> list[str]:
-    t, cs = s["table"], s["cs"]
-    hi = 256 if 256 in cs else max(cs)
-    mid = 64 if 64 in cs else hi
-    gw_cpu = t.get(("gateway", mid), {}).get("cpu_us_per_req")
-    ratio = s["per_core"].get(mid)
-    errs = t.get(("gateway", hi), {}).get("errors")
-    chunk = s["stream"].get("gateway", {}).get("cpu_us_per_chunk")
-    tt = s["ttft"]
-    added_ttft = (tt["gateway"]["p50_ms"] - tt["direct"]["p50_ms"]) if "gateway" in tt and "direct" in tt else None
-    st = res["streams10k"]
-    st_errors = sum(st.get("errors", {}).values()) if st else None
-    st_ok = bool(st) and st_errors == 0 and st.get("ok") == st.get("n")
-
-    def verdict(ok: bool | None) -> str:
-        return "–" if ok is None else ("**met**" if ok else "**missed**")
-
-    rows = [
-        (f"non-streaming gateway CPU per request, as built by `make install` (c={mid})", "≤ 120 µs",
-         f"{_f(gw_cpu)} µs",
-         verdict(None if gw_cpu is None else gw_cpu <= 120)),
-        (f"throughput per core, gateway / naive proxy (c={mid})", "≥ 1.8×", f"{_f(ratio, '.2f')}×",
-         verdict(None if ratio is None else ratio >= 1.8)),
-        (f"errors at c={hi} (gateway)", "0", str(errs), verdict(None if errs is None else errs == 0)),
-    ]
-    pure_cpu = t.get(("pure", mid), {}).get("cpu_us_per_req")
-    if pure_cpu is not None:  # the same two targets for the build without `make native`, for comparison
-        pure_ratio = s["per_core_pure"].get(mid)
-        rows += [
-            (f"the same CPU per request, pure-Python build (c={mid})", "≤ 120 µs", f"{_f(pure_cpu)} µs",
-             verdict(pure_cpu <= 120)),
-            (f"the same throughput per core, pure-Python build / naive (c={mid})", "≥ 1.8×",
-             f"{_f(pure_ratio, '.2f')}×", verdict(None if pure_ratio is None else pure_ratio >= 1.8)),
-        ]
-    rows += [
-        ("streaming gateway CPU per relayed chunk", "≤ 10 µs", f"{_f(chunk)} µs",
-         verdict(None if chunk is None else chunk <= 10)),
-        ("added TTFT p50 at low load (gateway − direct)", "< 0.3 ms", f"{_f(added_ttft, '.3f')} ms",
-         verdict(None if added_ttft is None else added_ttft < 0.3)),
-        (f"{st.get('n', '?')} concurrent streams, one worker", "no errors",
-         f"{st.get('ok', '?')} ok, errors {st.get('errors', {})}, peak RSS {_f(st.get('rss_peak_mb'))} MiB"
-         if st else "–", verdict(st_ok if st else None)),
-    ]
-    out = ["| target | goal | measured | |", "|---|---|---|---|"]
-    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+def section_table(res: dict[str, Any], p: Points, section: str) -> list[str]:
+    stream = section in ("b", "c")
+    head = "| target | CPU µs/response | per round | "
+    head += "CPU µs per chunk | reads per response | " if stream else "req per CPU-s | "
+    head += "responses/s | p50 ms | p99 ms | errors | target CPU | upstream CPU | wrk CPU | others' CPU (max) |"
+    out = [head, "|---|" + "---:|" * (head.count("|") - 2)]
+    for name in p.targets(section):
+        rows = p.of(section, name)
+        cells = [name, fmt(med(r["cpu_us_per_req"] for r in rows)), _rounds_of(rows, "cpu_us_per_req", ".0f")]
+        if stream:
+            cells += [fmt(med(r["cpu_us_per_chunk"] for r in rows), ".2f"),
+                      fmt(med(r.get("reads_per_response") for r in rows)) if name in PYTHON else "–"]
+        else:
+            cells += [fmt(med(r["req_per_cpu_s"] for r in rows), ".0f")]
+        upstream = "(is the upstream)" if name == "direct" else pct(med(r["upstream_cpu_util"] for r in rows))
+        cells += [fmt(med(r["responses"] / r["wall_s"] for r in rows), ".0f"),
+                  fmt(med(r["p50_ms"] for r in rows), ".2f"), fmt(med(r["p99_ms"] for r in rows), ".2f"),
+                  str(sum(r["errors"] for r in rows)), pct(med(r["cpu_util"] for r in rows)), upstream,
+                  pct(med(r["wrk_cpu_util"] for r in rows)),
+                  f"{pct(med(r['other_cpu_util'] for r in rows))} ({pct(max(r['other_cpu_util'] for r in rows))})"]
+        out.append("| " + " | ".join(cells) + " |")
     return out
 
 
-def markdown(res: dict[str, Any], s: dict[str, Any]) -> str:
-    m = res["meta"]
-    t, cs = s["table"], s["cs"]
-    plan = m["plan"]
-    lines = [
-        "# Gateway overhead benchmark", "",
-        "Generated by `bench/overhead.py`; do not edit by hand (the diagnosis lives in profile.md).", "",
+def ratios_table(p: Points, section: str) -> list[str]:
+    names = p.targets(section)
+    if section == "c":
+        out = ["| target | CPU per chunk beyond lean, µs (median of per-round differences) | per round |",
+               "|---|---:|---|"]
+        for name in names:
+            if name in ("lean", "direct"):
+                continue
+            per = [(x["cpu_us_per_req"] - y["cpu_us_per_req"]) / x["events_per_response"]
+                   for x, y in p.paired("c", name, "lean") if x.get("events_per_response")]
+            out.append(f"| {name} | {fmt(p.per_chunk_beyond('c', name, 'lean'), '.2f')} | "
+                       f"{' / '.join(fmt(v, '.2f') for v in per)} |")
+        return out
+    dens = [d for d in ("vllm-router", "sglang-router", "lean", "naive") if d in names]
+    out = ["| CPU per response, ratio | " + " | ".join(f"/ {d}" for d in dens) + " |",
+           "|---|" + "---:|" * len(dens)]
+    for name in ("gateway", "pure"):
+        if name in names:
+            out.append(f"| {name} | " + " | ".join(
+                times(p.ratio(section, "cpu_us_per_req", name, d)) for d in dens) + " |")
+    return out
+
+
+def _section_text(res: dict[str, Any], section: str) -> str:
+    m, plan = res["meta"], res["meta"]["plan"]
+    ev = m.get("events", {})
+    if section == "a":
+        return (f"wrk -c{plan['concurrency']} POSTs the {m.get('request_bytes', '?')}-byte chat request "
+                f"(system prompt {m.get('system_prompt_bytes', '?')} bytes); nginx answers the canned vLLM chat "
+                "completion (`bench/upstream/chat.json`).")
+    if section == "b":
+        n = ev.get("sse", {}).get("direct", "?")
+        return (f"The same request with `stream: true` and `include_usage`; nginx answers the canned vLLM stream "
+                f"`bench/upstream/stream.sse`: a role chunk, 18 token chunks (the 18th carries `finish_reason`), "
+                f"the usage chunk, i.e. exactly 20 data events, then `data: [DONE]` ({n} events counted with "
+                "[DONE]), 4.6 kB sent with its head in one write (sendfile, `tcp_nopush`). CPU µs per chunk = "
+                "CPU per response / events per response, [DONE] included.")
+    n = ev.get("drip", {}).get("direct", "?")
+    return (f"The same streaming request against `bench/drip_sse.py`: a role chunk, {plan['drip_tokens']} token "
+            f"chunks, the usage chunk and [DONE] ({n} events), each event its own write "
+            f"{plan['drip_gap_ms']:g} ms after the previous one (~{1000 / plan['drip_gap_ms']:.0f} tokens/s per "
+            "stream, a fast engine), so that a proxy that keeps up reads them one by one: the *reads per "
+            "response* column (read(2) calls of the target, from `/proc/<pid>/io`, shown for the uvloop-based "
+            f"targets) is ≈ {n} events + 1 request read when no two events were coalesced. Responses are counted "
+            "as bytes received / bytes of one whole response, so the streams wrk cut off at the end of a run "
+            "count for what was relayed. The per-chunk figure beyond the plain relay includes each target's "
+            "per-request work spread over the response's events.")
+
+
+def _checks(res: dict[str, Any], p: Points) -> list[str]:
+    """What a reader should know before trusting the figures (too few rounds, coalesced events, ...)."""
+    out = []
+    rounds = res["meta"]["plan"]["rounds"]
+    if rounds < MIN_ROUNDS:
+        out.append(f"**Provisional:** {rounds} round(s); issue 13 asks for medians of ≥ {MIN_ROUNDS} interleaved "
+                   "rounds.")
+    for r in p.rows:
+        if r["section"] == "c" and r["target"] in PYTHON and r.get("reads_per_response") is not None \
+                and r["reads_per_response"] < 0.9 * r["events_per_response"]:
+            out.append(f"c, round {r['round'] + 1}, {r['target']}: {r['reads_per_response']:.1f} reads per response "
+                       f"for {r['events_per_response']} events: events were coalesced (the machine or the target "
+                       "fell behind); raise `--drip-gap-ms`.")
+        if r.get("errors"):
+            out.append(f"{r['section']}, round {r['round'] + 1}, {r['target']} (c={r['c']}): {r['errors']} errors.")
+        ticks, ns = r.get("cpu_ticks_s"), r.get("cpu_s")
+        if ticks is not None and ns is not None and abs(ticks - ns) > max(0.05, 0.1 * ns):
+            out.append(f"{r['section']}, round {r['round'] + 1}, {r['target']}: CPU from schedstat {ns:.3f} s vs "
+                       f"{ticks:.3f} s from /proc/<pid>/stat (threads that exited are only in the latter).")
+    return out
+
+
+def _meta_table(res: dict[str, Any]) -> list[str]:
+    m, plan = res["meta"], res["meta"]["plan"]
+    peers = m.get("peers", {})
+    peer_text = "; ".join(f"{name} {v['version']} (`{v['requirement']}`)" for name, v in peers.items()) or \
+        "none (run with `--peers`)"
+    machine_util = m.get("machine_cpu_util")
+    return [
         "| | |", "|---|---|",
         f"| date | {m['date']} |",
-        f"| commit | `{m['commit']}`, sha256 of gateway/ + backends/ sources `{m.get('source_digest', '?')}` |",
+        f"| commit | `{m['commit']}`, sha256 of gateway/ + backends/ + bench/ sources "
+        f"`{m.get('source_digest', '?')}` |",
         f"| command | `{m['command']}` |",
-        f"| machine | {m['nproc']} × {m['cpu']} (shared, noisy), "
-        f"load average before: {' '.join(m['loadavg_before'])}, after: {' '.join(m.get('loadavg_after', ['?']))} |",
+        f"| machine | {m['nproc']} × {m['cpu']}, kernel {m.get('kernel', '?')} (shared with other work: see each "
+        f"table's *others' CPU*); load average before: {' '.join(m['loadavg_before'])}, after: "
+        f"{' '.join(m.get('loadavg_after', ['?']))}; whole machine busy {pct(machine_util)} of one core on average "
+        f"over the run ({fmt(m.get('wall_s'), '.0f')} s) |",
         f"| software | Python {m['python']}, aiohttp {m['aiohttp']}, {m['nginx']}, {m['wrk']} |",
-        f"| plan | {plan['runs']} run(s) × {plan['duration_s']:g} s per point, targets interleaved in every run; "
-        "figures are medians over runs, ratios are per-run ratios' medians |",
-        f"| gateway build | {m.get('build', '?')} |", "",
-        "Targets: **direct** = nginx (1 worker) serving canned vLLM 0.32.0 bodies on loopback; **gateway** = "
-        "`python -m gateway serve` (one process, one `vllm` backend pointing at nginx, `health.interval_s: 5`, "
-        "route model `moe`), as `make install` builds it; **pure** = the same gateway from a copy of its sources "
-        "without the compiled modules (present only when the gateway under test is compiled); "
-        "**naive** = `bench/naive_proxy.py`, a bare aiohttp + uvloop reverse proxy; "
-        "**lean** = `bench/lean_proxy.py`, the gateway's own HTTP layers (native front + upstream client) with "
-        "no parsing, routing or accounting, so gateway − lean is what the gateway's logic costs. "
-        "CPU is utime+stime of the target process from `/proc/<pid>/stat` (nginx: master + worker) over the run.",
-        "", "## Against the targets", "", *_targets_table(res, s), "",
-        "## Non-streaming, closed loop (wrk, 1 thread)", "",
-        "| c | target | req/s | p50 ms | p99 ms | errors | CPU µs/req | req per CPU-s | target CPU | wrk CPU "
-        "| others' CPU |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| peers | {peer_text} |",
+        f"| gateway build | {m.get('build', '?')}; `pure` is the same sources without the compiled modules |",
+        f"| plan | parts {', '.join(plan['sections'])}; {plan['rounds']} round(s) × {plan['duration_s']:g} s per point "
+        f"at c={plan['concurrency']} (sweep: c={', '.join(str(c) for c in plan['sweep_concurrency'])}), "
+        "targets interleaved in every round; figures are medians over rounds, ratios and differences medians "
+        "of the per-round ones |",
     ]
-    for c in cs:
-        for name in TARGETS:
-            r = t.get((name, c))
-            if r:
-                lines.append(f"| {c} | {name} | {_f(r['rps'], '.0f')} | {_f(r['p50_ms'], '.2f')} | "
-                             f"{_f(r['p99_ms'], '.2f')} | {r['errors']} | {_f(r['cpu_us_per_req'])} | "
-                             f"{_f(r['req_per_cpu_s'], '.0f')} | {_f(100 * (r['cpu_util'] or 0), '.0f')}% | "
-                             f"{_f(100 * (r['wrk_cpu_util'] or 0), '.0f')}% | {_other(r)} |")
-    lines += ["", "| c | gateway/naive throughput per core | direct/gateway req/s | added p50 ms (gateway − direct) | "
-              "added p99 ms | naive − direct p50 ms | gateway logic µs/req (gateway − lean) "
-              "| CPU per request, pure / gateway |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for c in cs:
-        a50, a99, n50 = s["added"][c]
-        lines.append(f"| {c} | {_f(s['per_core'][c], '.2f')}× | {_f(s['direct_over_gw'][c], '.1f')}× | "
-                     f"{_f(a50, '.3f')} | {_f(a99, '.3f')} | {_f(n50, '.3f')} | {_f(s['logic'].get(c))} | "
-                     f"{_f(s['native_gain'].get(c), '.2f')}× |")
-    lines += ["", "Is wrk the bottleneck? Compare wrk's own CPU with the target's (above) and the direct/gateway "
-              "throughput ratio: direct-to-nginx throughput is the ceiling of the load generator plus upstream "
-              "on this machine. CPU columns are in % of one core: the target process (nginx for direct), wrk itself, "
-              "and everything else the shared machine ran meanwhile (from /proc/stat, minus ours).", ""]
-    if res["openloop"]:
-        lines += ["## Non-streaming, open loop (fixed timetable, latency from the scheduled time)", "",
-                  "| rate req/s | target | ok / sent | errors | p50 ms | p90 ms | p99 ms | p99.9 ms | CPU µs/req | "
-                  "generator lag max ms |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for (rate, name), rows in sorted(_group(res["openloop"], "rate", "target").items(),
-                                         key=lambda kv: (kv[0][0], TARGETS.index(kv[0][1]))):
-            lines.append(
-                f"| {rate:g} | {name} | {sum(r['ok'] for r in rows)} / {sum(r['sent'] for r in rows)} | "
-                f"{sum(sum(r['errors'].values()) for r in rows)} | {_f(_med(r['p50_ms'] for r in rows), '.2f')} | "
-                f"{_f(_med(r['p90_ms'] for r in rows), '.2f')} | {_f(_med(r['p99_ms'] for r in rows), '.2f')} | "
-                f"{_f(_med(r['p999_ms'] for r in rows), '.2f')} | {_f(_med(r['cpu_us_per_req'] for r in rows))} | "
-                f"{_f(_med(r['generator_lag_max_ms'] for r in rows), '.1f')} |")
-        lines += ["", "The open-loop generator is Python (`bench/loadgen.py openloop`, its own process); rates are "
-                  "fractions of the gateway's closed-loop c=64 throughput. A generator lag well above 1 ms means "
-                  "the generator itself fell behind.", ""]
-    lines += ["## Streaming", "",
-              f"wrk -c{plan['stream_concurrency']} POSTs `stream: true` with `include_usage`; nginx answers the "
-              "canned vLLM stream (role chunk + 64 token chunks + usage chunk + [DONE] = 67 events, 14.8 kB, "
-              "delivered in one burst). The gateway relays all 67 events with accounting on (usage parsed, model "
-              "rewritten, TTFT and inter-token gaps observed).", "",
-              "| target | streams/s | p50 ms | p99 ms | errors | CPU µs/stream | CPU µs per relayed chunk "
-              "| target CPU |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in TARGETS:
-        r = s["stream"].get(name)
-        if r:
-            lines.append(f"| {name} | {_f(r['rps'], '.0f')} | {_f(r['p50_ms'], '.2f')} | {_f(r['p99_ms'], '.2f')} | "
-                         f"{r['errors']} | {_f(r['cpu_us_per_req'])} | {_f(r['cpu_us_per_chunk'], '.2f')} | "
-                         f"{_f(100 * (r['cpu_util'] or 0), '.0f')}% |")
-    gw_s, gw_n = s["stream"].get("gateway", {}), t.get(("gateway", 64), {})
-    if gw_s.get("cpu_us_per_req") and gw_n.get("cpu_us_per_req"):
-        marginal = (gw_s["cpu_us_per_req"] - gw_n["cpu_us_per_req"]) / 67
-        lines += ["", f"Marginal gateway CPU per chunk (streamed request − non-streaming request at c=64, / 67): "
-                      f"**{marginal:.2f} µs**. Note nginx sends the whole stream in one burst, so the gateway "
-                      "reads many events per `read()`; a real engine sends one event per read, which costs a "
-                      "read, a relay call and a write per event (see the 10k-streams run for that shape)."]
-    if s["ttft"]:
-        lines += ["", f"### Time to first token (sequential, {plan['ttft_n']} per target, interleaved)", "",
-                  "| target | p50 ms | p90 ms | p99 ms | added p50 ms vs direct |", "|---|---:|---:|---:|---:|"]
-        d = s["ttft"].get("direct", {}).get("p50_ms")
-        for name in TARGETS:
-            r = s["ttft"].get(name)
-            if r:
-                lines.append(f"| {name} | {_f(r['p50_ms'], '.3f')} | {_f(r['p90_ms'], '.3f')} | "
-                             f"{_f(r['p99_ms'], '.3f')} | {_f(None if d is None else r['p50_ms'] - d, '.3f')} |")
-        if res["ttft"].get("errors"):
-            lines.append(f"\nerrors: {res['ttft']['errors']}")
-    st = res["streams10k"]
-    if st:
-        lines += ["", f"## {st.get('n')} concurrent open streams through one gateway worker", "",
-                  f"Upstream: `bench/slow_sse.py` (aiohttp, own process), one event per second, "
-                  f"{st.get('events_per_stream')} events, then usage and [DONE]; client: `bench/loadgen.py streams` "
-                  f"opening them over {st.get('ramp_s', plan['streams_ramp_s']):g} s, each allowed "
-                  f"{st.get('events_per_stream', 30) + 30} s. Open-file limit: {m['nofile']}."
-                  + (f" Run separately: `{st['command']}`." if st.get("command") else ""), "",
-                  "| streams | completed with [DONE] | max open at once | errors | events received | "
-                  "gateway RSS before / peak / after MiB | RSS per stream KiB | gateway CPU s | wall s |",
-                  "|---:|---:|---:|---|---:|---|---:|---:|---:|",
-                  f"| {st.get('n')} | {st.get('ok')} | {st.get('max_open')} | {st.get('errors') or 'none'} | "
-                  f"{st.get('events')} | {_f(st.get('rss_before_mb'))} / {_f(st.get('rss_peak_mb'))} / "
-                  f"{_f(st.get('rss_after_mb'))} | {_f(st.get('kib_per_stream'))} | {_f(st.get('gateway_cpu_s'))} | "
-                  f"{_f(st.get('wall_s'))} |"]
-    if res["peers"]:
-        lines += ["", "## Peers (same wrk load, non-streaming)", "",
-                  "| c | target | req/s | p50 ms | p99 ms | errors | CPU µs/req |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
-        for (name, c), rows in sorted(_group(res["peers"], "target", "c").items()):
-            lines.append(f"| {c} | {name} | {_f(_med(r['rps'] for r in rows), '.0f')} | "
-                         f"{_f(_med(r['p50_ms'] for r in rows), '.2f')} | "
-                         f"{_f(_med(r['p99_ms'] for r in rows), '.2f')} | "
-                         f"{sum(r['errors'] for r in rows)} | {_f(_med(r['cpu_us_per_req'] for r in rows))} |")
+
+
+def markdown(res: dict[str, Any]) -> str:
+    p = Points(res["points"])
+    lines = [
+        "# Gateway overhead benchmark", "",
+        "Generated by `bench/overhead.py` (`python -m bench overhead`); do not edit by hand (the diagnosis lives "
+        "in profile-analysis.md).", "", *_meta_table(res), "",
+        "Targets: **direct** (the upstream itself), **gateway** (`python -m gateway serve`, one vLLM backend, "
+        "`policy: round_robin`), **pure** (the same, without the compiled modules), **lean** "
+        "(`bench/lean_proxy.py`: the gateway's own HTTP layers with no logic, the plain byte relay), **naive** "
+        "(`bench/naive_proxy.py`, a bare aiohttp + uvloop proxy), and the peers (one worker URL, "
+        "`--policy round_robin`, request logging off as for the gateway). CPU is the on-CPU time of the "
+        "target's whole process group from `/proc/<pid>/task/<tid>/schedstat` over the run (for direct: the "
+        "upstream's). *upstream CPU* is nginx's (or the dripping server's), *wrk CPU* the load generator's, "
+        "*others' CPU* the rest of this shared machine meanwhile, all in % of one core.", "",
+    ]
+    if any(r["section"] in "abc" for r in p.rows):
+        lines += ["## Targets", "", *targets_table(res, p), ""]
+    checks = _checks(res, p)
+    if checks:
+        lines += ["Read before quoting:", "", *[f"- {c}" for c in checks], ""]
+    for section in ("a", "b", "c"):
+        if not p.targets(section):
+            continue
+        lines += [f"## {SECTION_TITLES[section]} (wrk -c{_c(p, section)})", "", _section_text(res, section), "",
+                  *section_table(res, p, section), "", *ratios_table(p, section), ""]
+    earlier = report_parts.earlier_table(res, p)
+    if earlier:
+        lines += ["## Earlier targets", "", *earlier, ""]
+    lines += (report_parts.sweep(p) + report_parts.openloop(res) + report_parts.ttft_lines(res)
+              + report_parts.streams(res))
+    peers = res["meta"].get("peers", {})
+    if peers:
+        lines += ["", "## Peers", "", "Installed from PyPI into `~/.cache/igw/peers/<name>` (`bench/peers.py`), "
+                  "one instance in front of each upstream (json: a and the sweep, sse: b, drip: c):", ""]
+        for name, v in peers.items():
+            lines.append(f"- {name} {v['version']} (`{v['requirement']}`)")
+            lines += [f"  - {key}: `{cmd}`" for key, cmd in v.get("commands", {}).items()]
     if res["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in res["notes"]]]
-    lines += ["", "Plots: `throughput-vs-concurrency.png`, `p99-vs-concurrency.png`. Profile: `profile.md`, "
-              "`profile-overhead.svg`. Raw numbers: `overhead.json`.", ""]
+    plots = (["`targets.png` (a, b, c by target)"] if any(r["section"] in "abc" for r in p.rows) else []) + \
+        ([f"`{name}`" for name in report_plots.CONCURRENCY] if any(r["section"] == "sweep" for r in p.rows) else [])
+    lines += ["", (f"Plots: {', '.join(plots)}. " if plots else "")
+              + ("Profile: `profile.md`, `profile-overhead.svg`. " if res["profiles"] else
+                 "No profile in this run (a `profile.md` beside this file is from the run it names). ")
+              + "Raw numbers: `overhead.json`.", ""]
     return "\n".join(lines)
 
 
-def plots(s: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cs, t = s["cs"], s["table"]
-    for key, fname, ylabel, log in (("rps", "throughput-vs-concurrency.png", "requests/s (median, log scale)", True),
-                                    ("p99_ms", "p99-vs-concurrency.png", "p99 latency, ms (median)", True)):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for name, style in zip(TARGETS, ("o-", "s-", "s--", "^-", "d-"), strict=True):
-            xs = [c for c in cs if (name, c) in t]
-            ax.plot(xs, [t[(name, c)][key] for c in xs], style, label=name)
-        ax.set_xscale("log", base=2)
-        if log:
-            ax.set_yscale("log")
-        ax.set_xticks(cs, [str(c) for c in cs])
-        ax.set_xlabel("concurrent connections (wrk)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"non-streaming chat completions: {ylabel.split(',')[0].split(' (')[0]}")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-
-
 def write(res: dict[str, Any], out: Path) -> None:
-    s = summary(res)
-    (out / "overhead.md").write_text(markdown(res, s))
-    plots(s, out)
+    (out / "overhead.md").write_text(markdown(res))
+    p = Points(res["points"])
+    # A plot this run did not make would be an earlier run's beside this report: remove it.
+    if not report_plots.targets(p, out / "targets.png"):
+        (out / "targets.png").unlink(missing_ok=True)
+    if not report_plots.concurrency(report_parts.closed_rows(p), out):
+        for name in report_plots.CONCURRENCY:
+            (out / name).unlink(missing_ok=True)
     if res["profiles"]:
         m = res["meta"]
         parts = ["# Gateway profile under load (py-spy)", "",

@@ -38,6 +38,7 @@ end
 class WrkResult:
     requests: int
     duration_s: float
+    bytes: int  # every byte read, the head and the body of unfinished responses included
     errors: int  # connect + read + write + non-2xx/3xx status + timeouts
     p50_ms: float
     p90_ms: float
@@ -75,7 +76,7 @@ def run(url: str, body_file: Path, script: Path, *, connections: int, duration_s
         raise RuntimeError(f"wrk failed ({proc.returncode}): {err.strip()} {out[-500:]}")
     d = orjson.loads(lines[-1][len(MARK):])
     return WrkResult(
-        requests=d["requests"], duration_s=d["duration_us"] / 1e6,
+        requests=d["requests"], duration_s=d["duration_us"] / 1e6, bytes=d["bytes"],
         errors=d["connect"] + d["read"] + d["write"] + d["status"] + d["timeout"],
         p50_ms=d["p50_us"] / 1e3, p90_ms=d["p90_us"] / 1e3, p99_ms=d["p99_us"] / 1e3, mean_ms=d["mean_us"] / 1e3,
         wrk_cpu_s=usage.ru_utime + usage.ru_stime,

@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port, 0 for any free port (overrides listen.port)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)")
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument("--hub", help=argparse.SUPPRESS)  # a worker: its supervisor's socket
+    serve.add_argument("--worker-slot", type=int, default=0, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="INFO")
     check = sub.add_parser("check-config", help="validate a config file and print every error")
     check.add_argument("file")
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return asyncio.run(
         serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port,
-              config_path=args.config)
+              config_path=args.config, hub=args.hub, worker_slot=args.worker_slot)
     )
 
 
@@ -84,7 +86,8 @@ def _check_config(path: str) -> int:
     except (ConfigError, OSError) as exc:
         _print_config_error(exc)
         return 1
-    print(f"{path}: OK ({len(settings.backends)} backends, {len(settings.routes)} routes)")
+    found = f", {len(settings.discovery)} discovery entries" if settings.discovery else ""
+    print(f"{path}: OK ({len(settings.backends)} backends{found}, {len(settings.routes)} routes)")
     return 0
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import math
 import random
 import resource
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,15 +23,21 @@ from backends.registry import adapter_for
 
 from . import observability
 from .access.auth import Guard
-from .access.ratelimit import KeyLimiter
+from .access.ratelimit import KeyLimiter, Limiter, LocalLimiter
 from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
 from .admin import backends as backends_admin
 from .admin import reload as reload_admin
 from .admin import weights as weights_admin
+from .admin import workers as workers_admin
 from .admin.dashboard import DashboardHandlers
 from .admin.openapi import install_openapi
 from .client import UpstreamPool
-from .http.aiohttp_server import GatewayRunner
+from .cluster import replicas
+from .cluster.clock import gateway_clock
+from .cluster.coordinator import Coordinator
+from .cluster.link import WorkerLink
+from .discovery import DiscoveryEntry, DiscoveryMetrics, Source, make_source
+from .http.aiohttp_server import GatewayServer, track_responses
 from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
 from .kvcache import KvCaches, KvIntake
@@ -41,15 +48,19 @@ from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
 from .proxy.service import Proxy
 from .routing import RoutingState
-from .settings import Settings
+from .routing.response_owners import ResponseOwners
+from .settings import Backend, Settings
 from .state.generations import Generation, Generations, LivePool
-from .state.health import HealthPoller
+from .state.health import HealthPoller, Poller
+from .state.membership import Membership
 from .state.outliers import OutlierRules
 from .state.pool import BackendState, Pool
 from .state.reload import Reloader
 from .state.splits import Splits
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
 from .tokenize import resolve_tokenizers
+
+KEEPALIVE_S = 75.0  # idle keep-alive connections close after this long, on both fronts
 
 
 def _marked(middleware: Middleware) -> Middleware:
@@ -63,20 +74,34 @@ def _marked(middleware: Middleware) -> Middleware:
     return marked
 
 
-def build_pool(settings: Settings, secrets: Secrets | None = None) -> Pool:
-    keys = secrets.backend_keys if secrets is not None else {}
-    states = []
-    for b in settings.backends:
-        adapter: Adapter = adapter_for(b.runtime, chat_template=b.chat_template)
-        if b.name in keys:
-            adapter = CredentialedAdapter(adapter, keys[b.name])
-        states.append(BackendState(config=b, adapter=adapter))
+def backend_state(config: Backend, secrets: Secrets | None = None, *, source: str | None = None) -> BackendState:
+    """A static backend's state (optimistic until its first probe), or, with `source` (its discovery
+    entry), a discovered one's: not ready until its first passing probe, with the entry's key."""
+    if source is None:
+        key = secrets.backend_keys.get(config.name) if secrets is not None else None
+    else:
+        key = secrets.discovery_keys.get(source) if secrets is not None else None
+    adapter: Adapter = adapter_for(config.runtime, chat_template=config.chat_template)
+    if key is not None:
+        adapter = CredentialedAdapter(adapter, key)
+    if source is None:
+        return BackendState(config=config, adapter=adapter)
+    return BackendState(config=config, adapter=adapter, probe_ok=False, source=source)
+
+
+def build_pool(
+    settings: Settings, secrets: Secrets | None = None, discovered: list[tuple[Backend, str]] | None = None
+) -> Pool:
+    """The static backends plus `discovered` ones (config, entry name) as they are now."""
+    states = [backend_state(b, secrets) for b in settings.backends]
+    taken = {s.name for s in states}
+    states += [backend_state(b, secrets, source=entry) for b, entry in discovered or () if b.name not in taken]
     h = settings.health
     rules = OutlierRules(
         consecutive=h.failure_threshold, failure_rate=h.failure_rate, window_s=h.window_s, min_requests=h.min_requests,
         base_ejection_s=h.cooldown_s, max_ejection_s=h.max_ejection_s, max_ejected_share=h.max_ejected_share,
     )
-    return Pool(states, rules=rules)
+    return Pool(states, rules=rules, groups=[e.name for e in settings.discovery])
 
 
 @dataclass
@@ -90,6 +115,11 @@ class Built:
     reloader: Reloader
     health: SelfHealth
     upstream: UpstreamPool
+    guard: Guard
+    membership: Membership  # discovered backends (and their sources' tasks)
+    coordinator: Coordinator  # what admin writes and SIGHUP go through (one process, or every worker)
+    registry: CollectorRegistry
+    stats: StatsBook
 
 
 async def build(
@@ -97,17 +127,23 @@ async def build(
     *,
     registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = gateway_clock,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     weights: WeightsFn | None = None,
     secrets: Secrets | None = None,
     config_path: str | Path | None = None,
+    discovery_source: Callable[[DiscoveryEntry], Source] | None = None,
+    link: WorkerLink | None = None,
 ) -> Built:
     """Build the gateway; must run inside the event loop that will serve it.
 
     `weights(route_model) -> {arm: weight}` is where the A/B statistics read the live split weights
     (default: the live ones). `secrets` default to resolving the config's references now (raises
-    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file."""
+    ConfigError). With `config_path`, SIGHUP and `POST /admin/reload` re-read that file.
+    `discovery_source(entry)` makes each discovery entry's source (default: DNS or Kubernetes, on
+    this clock and sleep). With `link` (a worker under `--workers N`), health, limits, admin writes,
+    /metrics and the comparison are the supervisor's, for every worker (`cluster.hub`); with `state`,
+    limits and weights are the fleet's."""
     registry = registry if registry is not None else CollectorRegistry()
     rng = rng if rng is not None else random.Random()
     secrets = secrets if secrets is not None else resolve_secrets(settings)
@@ -121,32 +157,61 @@ async def build(
     kv_caches = KvCaches(clock=clock)  # the engines' own caches, from their KV events
     routing = RoutingState(engines=kv_caches)  # prefix memory and latency estimators outlive config generations
     splits = Splits()  # so do live A/B weights, while a route's split stays as configured
+    owners = ResponseOwners()  # and which backend stores which response
     arms = observability.ArmMetrics(registry)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
-    guard = Guard(generations, KeyLimiter(clock), registry)
+    limiter: Limiter = LocalLimiter(KeyLimiter(clock))
+    if link is not None:
+        limiter = link.limiter(limiter)
+    shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None)  # if `state` is set
+    guard = Guard(generations, shared.limiter, registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))
     registry.register(KvCollector(kv_caches))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
     upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
     kv_intake = KvIntake(kv_caches, session, sleep=sleep)
+    if discovery_source is None:
+
+        def discovery_source(entry: DiscoveryEntry) -> Source:  # backoff jitter: each its own generator
+            return make_source(entry, sleep=sleep, clock=clock)
+
+    def members_changed(generation: Generation) -> None:
+        """The pool's backends changed (discovery, a reload): the live comparison and the routing
+        memory follow (a backend's history stays while it is in the pool)."""
+        pool = generation.pool
+        stats.reconfigure(generation.settings, backends=[s.config for s in pool], pools=pool.groups())
+        routing.retain(s.name for s in pool)
+
+    membership = Membership(
+        generations, make_state=lambda b, entry, g: backend_state(b, g.secrets, source=entry),
+        make_source=discovery_source, metrics=DiscoveryMetrics(registry), clock=clock, sleep=sleep,
+        on_change=members_changed,
+    )
 
     def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
         tokenizers = resolve_tokenizers(settings, source=str(config_path or "<config>"))  # ConfigError first
-        if number > 1:
-            stats.reconfigure(settings)  # new backends and arms join the live comparison
-        pool = build_pool(settings, secrets)
+        membership.configure(settings)  # discovered backends outlive generations: each starts with them
+        pool = build_pool(settings, secrets, membership.discovered())
         upstream.connect_timeout_s = settings.timeouts.connect_s
         splits.retain([r.model for r in settings.routes if r.split is not None])
         proxy = Proxy(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
-            throughput=stats.peak_output_tps, splits=splits, tokenizers=tokenizers,
+            throughput=stats.peak_output_tps, splits=splits, owners=owners, tokenizers=tokenizers,
         )
         kv_intake.reconcile(settings.backends, {
             name: {"Authorization": f"Bearer {key.get_secret_value()}"} for name, key in secrets.backend_keys.items()
         })
-        poller = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
-        return Generation(number, settings, secrets, pool, proxy, poller)
+        own = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
+        # a worker under `--workers N` applies its supervisor's probes (once for all workers)
+        poller: Poller = own if link is None else link.poller(pool, clock, own)
+        for b in settings.backends:  # born at 0, so that increase() sees a first ejection
+            recorder.ejections.labels(b.name, b.runtime.value)
+        generation = Generation(number, settings, secrets, pool, proxy, poller)
+        membership.adopt(generation)
+        if number > 1:
+            members_changed(generation)  # new backends and arms join the live comparison
+        return generation
 
     generations.install(build_generation(settings, secrets, 1))
     reloader = Reloader(generations, build_generation, config_path)
@@ -156,36 +221,59 @@ async def build(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
         client_max_size=settings.limits.max_body_bytes,
     )
-    health = observability.install(app, registry, backends=lambda: generations.current.settings.backends)
+    health = observability.install(app, registry, backends=lambda: [s.config for s in generations.current.pool])
     health.connections.add("upstream", lambda: upstream.open_connections)
     separate_metrics = settings.listen.metrics_port is not None
     handlers = Handlers(generations, dispatcher, registry, body_timeout_s=settings.limits.body_timeout_s,
-                        serve_metrics=not separate_metrics)
+                        serve_metrics=not separate_metrics and link is None)
     handlers.install(app)
+    comparer = Comparer(stats)
+
+    def served() -> float:
+        return math.fsum(c.value for c in recorder.requests.children().values())
+
+    coordinator: Coordinator
+    metrics_handler: Callable[[web.Request], Awaitable[web.Response]]
+    if link is None:
+        coordinator = shared.local(generations, reloader, stats, comparer, clock=clock, served=served)
+        metrics_handler = handlers.metrics
+    else:
+        remote = link.attach(replicas.worker_parts(registry, stats, generations, reloader, clock, served))
+        coordinator, metrics_handler = remote, replicas.metrics_handler(remote)
+        if not separate_metrics:
+            app.router.add_get("/metrics", metrics_handler)
     backends_admin.install(app, generations)
-    reload_admin.install(app, reloader)
-    weights_admin.install(app, lambda: generations.current.proxy)
+    reload_admin.install(app, coordinator)
+    weights_admin.install(app, coordinator)
+    workers_admin.install(app, coordinator.workers)
     install_openapi(app)
-    DashboardHandlers(Comparer(stats), clock).install(app)
+    DashboardHandlers(comparer, clock, documents=coordinator.compare).install(app)
     metrics_app = None
     if separate_metrics:
         metrics_app = web.Application(middlewares=[_marked(error_middleware)])
-        metrics_app.router.add_get("/metrics", handlers.metrics)
+        metrics_app.router.add_get("/metrics", metrics_handler)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        await shared.start()  # the fleet's weights are in force before the first request
+        if link is not None:
+            await link.resync()
         first = generations.current
         await first.poller.poll_once()
         first.start()
+        membership.start()  # discovered backends join as their sources answer
         yield
+        await membership.stop()
         await generations.current.stop()
         for old in generations.retired:
             await old.stop()
         await kv_intake.close()
+        await shared.close()
         await session.close()
         await upstream.close()
 
     app.cleanup_ctx.append(lifetime)
-    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream)
+    return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard, membership,
+                 coordinator, registry, stats)
 
 
 def _raise_open_file_limit() -> None:
@@ -196,6 +284,15 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def loopback_only(listener: asyncio.Server) -> bool:
+    """Whether every address the listener is bound to is a loopback one (127.0.0.0/8, ::1)."""
+    addresses = [sock.getsockname()[0] for sock in listener.sockets]
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except ValueError:  # not an IP socket
+        return False
+
+
 @dataclass
 class Running:
     """A listening gateway process."""
@@ -203,51 +300,52 @@ class Running:
     built: Built
     url: str
     metrics_url: str | None
+    listener: asyncio.Server
+    server: GatewayServer  # aiohttp's connections: every request the native front does not serve
     runners: list[web.AppRunner] = field(default_factory=list)
     front: Front | None = None
-    listener: asyncio.Server | None = None
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stop listening, let running requests finish (up to the drain timeout), then clean up."""
-        if self.listener is not None and self.front is not None:
-            self.listener.close()
-            await self.front.shutdown(drain_timeout_s)
-        for runner in self.runners:  # stops listening, closes idle connections, waits for running handlers
+        self.listener.close()
+        self.server.pre_shutdown()  # idle aiohttp connections close; running requests finish
+        drains = [self.server.shutdown(drain_timeout_s)]
+        if self.front is not None:
+            drains.append(self.front.shutdown(drain_timeout_s))
+        await asyncio.gather(*drains)
+        for runner in self.runners:  # the applications' cleanup (and the metrics port's server)
             await runner.cleanup()
 
 
 async def start(
-    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None
+    settings: Settings, *, host: str, port: int, reuse_port: bool = False, config_path: str | None = None,
+    link: WorkerLink | None = None,
 ) -> Running:
     """Build the gateway and listen: the native front (or aiohttp alone) on `host:port`, and the
     metrics port when configured. Limits are read once, here, for both fronts: changing them needs a
-    restart (a reload says so in `restart_required`)."""
-    built = await build(settings, config_path=config_path)
+    restart (a reload says so in `restart_required`). Without an admin token, admin writes are open
+    only when every listening address is a loopback one."""
+    built = await build(settings, config_path=config_path, link=link)
     limits = settings.limits
-    runner = GatewayRunner(
-        built.app, header_timeout_s=limits.header_timeout_s, handler_cancellation=True, access_log=None,
-        shutdown_timeout=limits.drain_timeout_s, max_line_size=limits.max_header_bytes,
-        max_field_size=limits.max_header_bytes, lingering_time=1.0,
-    )
+    track_responses(built.app)
+    runner = web.AppRunner(built.app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    server = GatewayServer(
+        runner, limits=limits, refused=built.dispatcher.refused, access_log=None, lingering_time=1.0,
+        keepalive_timeout=KEEPALIVE_S,
+    )
     _raise_open_file_limit()
     reuse = reuse_port or None
-    running = Running(built, "", None, [runner])
+    front = None
+    factory: Callable[[], asyncio.Protocol] = server
     if settings.listen.front == "native":
-        assert runner.server is not None
-        running.front = Front(built.dispatcher, runner.server, lambda: limits)
-        running.listener = await asyncio.get_running_loop().create_server(
-            running.front, host, port, reuse_port=reuse, backlog=settings.listen.backlog
-        )
-        bound = running.listener.sockets[0].getsockname()[1]
-    else:
-        site = web.TCPSite(runner, host, port, reuse_port=reuse, backlog=settings.listen.backlog)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-    running.url = f"http://{host}:{bound}"
-    server = runner.server
-    assert server is not None
-    front = running.front
+        factory = front = Front(built.dispatcher, server, limits, keepalive_s=KEEPALIVE_S)
+    listener = await asyncio.get_running_loop().create_server(
+        factory, host, port, reuse_port=reuse, backlog=settings.listen.backlog
+    )
+    built.guard.admin_writes_open = loopback_only(listener)
+    bound = listener.sockets[0].getsockname()[1]
+    running = Running(built, f"http://{host}:{bound}", None, listener, server, [runner], front)
     built.health.connections.add(
         "client", lambda: len(server.connections) + (len(front.connections) if front is not None else 0)
     )

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.emulator import RunningEmulator
-from backends.emulator.fleet import DEMO_FLEET, start_fleet
+from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, start_fleet
 
 from .settings import Settings, parse_settings
 
 DEMO_MODEL = "deepseek-v3"
+DEMO_EMBEDDING_MODEL = "bge-m3"
 DEMO_SPEED = 1.0
 
 
@@ -39,6 +40,8 @@ Point any OpenAI SDK at it:
         messages=[{{"role": "user", "content": "Which runtime served me?"}}],
     )
     print(reply.choices[0].message.content)
+    print(client.responses.create(model="{DEMO_MODEL}", input="Hello").output_text)
+    print(client.embeddings.create(model="{DEMO_EMBEDDING_MODEL}", input="Hello").data[0].embedding[:4])
 
 Live runtime comparison: {url}/dashboard   (JSON: {url}/admin/compare, terminal: gateway compare --url {url})
 Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
@@ -46,9 +49,10 @@ Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
 
 
 async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> Demo:
-    emulators = await start_fleet(DEMO_FLEET, speed=speed, host=host)
+    specs = [*DEMO_FLEET, *DEMO_EMBEDDING_FLEET]
+    emulators = await start_fleet(specs, speed=speed, host=host)
     backends = []
-    for spec, emu in zip(DEMO_FLEET, emulators, strict=True):
+    for spec, emu in zip(specs, emulators, strict=True):
         entry: dict[str, object] = {
             "name": spec.name,
             "runtime": spec.runtime.value,
@@ -63,7 +67,11 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> D
         {
             "listen": {"host": host, "port": 8080},
             "backends": backends,
-            "routes": [{"model": DEMO_MODEL, "backends": [b["name"] for b in backends], "policy": "least_load"}],
+            "routes": [
+                {"model": DEMO_MODEL, "backends": [s.name for s in DEMO_FLEET], "policy": "least_load"},
+                {"model": DEMO_EMBEDDING_MODEL, "kind": "embeddings",
+                 "backends": [s.name for s in DEMO_EMBEDDING_FLEET]},
+            ],
             "health": {"interval_s": 1.0},
         },
         source="<embedded demo>",

@@ -3,8 +3,10 @@
 GatewayError                      anything the client sees as an OpenAI error body
 ├── InvalidRequest      400       malformed JSON, wrong types, missing fields
 ├── BodyTooLarge        413
+├── HeadersTooLarge     431       a request line, header field or header section over its limit
 ├── ModelNotFound       404       model_not_found (also: a model the client's key may not use)
 ├── Unauthorized        401       invalid_api_key / invalid_admin_token
+├── Forbidden           403       admin writes with no admin token on a non-loopback listener
 ├── RateLimited         429       rate_limit_exceeded, with Retry-After
 ├── RequestTimeout      408       headers or body not received in time
 ├── NoHealthyBackend    503       with Retry-After
@@ -25,6 +27,7 @@ shedding load, not failing).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from backends.base import ErrorBody
@@ -56,6 +59,11 @@ class GatewayError(Exception):
         return json_codec.dumps(self.body().as_dict())
 
 
+def retry_after(seconds: float) -> dict[str, str]:
+    """`Retry-After` (whole seconds, for everyone) and `retry-after-ms` (what the OpenAI SDK reads first)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds))), "retry-after-ms": str(max(1, math.ceil(seconds * 1000)))}
+
+
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
@@ -65,6 +73,12 @@ class BodyTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_headers_too_large"
 
 
 class ModelNotFound(GatewayError):
@@ -79,7 +93,7 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        super().__init__(message, headers=retry_after(retry_after_s))
 
 
 class GatewayOverloaded(NoHealthyBackend):
@@ -148,8 +162,8 @@ class SlaUnattainable(GatewayError):
     type = "rate_limit_error"
     code = "sla_unattainable"
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, headers=retry_after(retry_after_s))
 
 
 class BadGateway(GatewayError):
@@ -176,14 +190,26 @@ class Unauthorized(GatewayError):
         self.code = code
 
 
+class Forbidden(GatewayError):
+    """Authenticated or not, this caller may not do this (OpenAI's `permission_error`)."""
+
+    status = 403
+    type = "permission_error"
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class RateLimited(GatewayError):
     """A key's requests- or tokens-per-minute budget is spent; `Retry-After` says when it refills."""
 
     status = 429
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, kind: str, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+    def __init__(self, message: str, *, kind: str, retry_after_s: float,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, headers={**(headers or {}), **retry_after(retry_after_s)})
         self.type = kind  # OpenAI says "requests" or "tokens"
 
 

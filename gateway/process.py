@@ -1,30 +1,29 @@
 """Running the gateway: one worker process, or a supervisor of N workers sharing a port.
 
-With `--workers N` the supervisor starts N `gateway serve` processes that bind the same port with
-SO_REUSEPORT, so the kernel spreads connections over them and each runs its own event loop on its own
-core. Routing stays consistent across workers because every policy is a pure function of shared
-config and engine-reported state (prefix placement uses rendezvous hashing, not shared memory).
-Each worker keeps its own metrics: scrape them per worker, or run one worker per host port.
+With `--workers N` the supervisor (`cluster.supervisor`) starts N `gateway serve` processes that
+bind the same port with SO_REUSEPORT, so the kernel spreads connections over them and each runs its
+own event loop on its own core. They are one gateway: health is probed once, rate limits, admin
+writes, /metrics and the comparison cover every worker (`cluster.hub`), and a worker that dies is
+restarted. Prefix placement agrees across workers without sharing anything (rendezvous hashing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import signal
-import socket
-import sys
-import tempfile
-from pathlib import Path
-
-import yaml
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import build_check
+from .admin.reload import Reloads
 from .app import Running, start
 from .settings import Settings
-from .state.reload import Reloader, ReloadRejected
+from .state.reload import ReloadRejected
+
+if TYPE_CHECKING:
+    from .cluster.link import WorkerLink
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,7 @@ class _Signals:
 
     def __init__(self) -> None:
         self.stop = asyncio.Event()
-        self.reloader: Reloader | None = None
-        self.workers: list[asyncio.subprocess.Process] = []  # a supervisor forwards SIGHUP to these
+        self.reloader: Reloads | None = None  # one process's reloader, or (a worker) its hub's
         self._tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -44,11 +42,6 @@ class _Signals:
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
 
     def _on_hup(self) -> None:
-        for proc in self.workers:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGHUP)
-        if self.workers:
-            return
         task = asyncio.create_task(self._reload())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -66,8 +59,10 @@ class _Signals:
 
 async def serve(
     settings: Settings | None, *, host: str | None, port: int | None, workers: int = 1, reuse_port: bool = False,
-    config_path: str | None = None,
+    config_path: str | None = None, hub: str | None = None, worker_slot: int = 0,
 ) -> int:
+    """Serve until SIGTERM/SIGINT; the exit status. `hub` (with `worker_slot`): this is a worker of
+    the supervisor listening there (it stops when the supervisor goes)."""
     demo = None
     if settings is None:
         from .demo import start_demo
@@ -76,24 +71,34 @@ async def serve(
         settings = demo.settings
     host = host or settings.listen.host
     port = settings.listen.port if port is None else port
-    signals = _Signals()
     try:
         if workers > 1:
-            url = await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
-                                   signals=signals)
-        else:
-            worker = await _start_worker(
-                settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path
-            )
-            url = worker.url
+            return await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
+                                    banner=demo.banner if demo is not None else None)
+        signals = _Signals()
+        link = None
+        if hub is not None:
+            from .cluster.link import WorkerLink
+
+            link = await WorkerLink.connect(hub, worker_slot)
+        worker = await _start_worker(
+            settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path, link=link
+        )
         if demo is not None:
-            print(demo.banner(url), flush=True)
-        if workers > 1:
-            return 0
-        signals.reloader = worker.built.reloader
-        await signals.stop.wait()
+            print(demo.banner(worker.url), flush=True)
+        signals.reloader = worker.built.coordinator
+        ended = [asyncio.ensure_future(signals.stop.wait())]
+        if link is not None:
+            ended.append(asyncio.ensure_future(link.closed.wait()))
+        await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in ended:
+            waiter.cancel()
+        if link is not None and link.closed.is_set() and not signals.stop.is_set():
+            log.warning("the supervisor is gone: stopping this worker")
         log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
         await worker.stop(settings.limits.drain_timeout_s)
+        if link is not None:
+            await link.close()
         return 0
     finally:
         if demo is not None:
@@ -114,9 +119,11 @@ def _tune_gc() -> None:
 
 
 async def _start_worker(
-    settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None
+    settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None,
+    link: WorkerLink | None = None,
 ) -> Running:
-    running = await start(settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path)
+    running = await start(settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path,
+                          link=link)
     _tune_gc()
     log.info("build: %s", build_check.describe())
     print(f"gateway listening on {running.url}", flush=True)
@@ -126,45 +133,20 @@ async def _start_worker(
 
 
 async def _supervise(
-    settings: Settings, *, host: str, port: int, workers: int, config_path: str | None, signals: _Signals
-) -> str:
-    """Start `workers` worker processes on one port; return once they all listen, after printing the
-    URL, then keep supervising until a signal arrives."""
-    holder = None
-    if port == 0:  # reserve a concrete port that every worker can then bind with SO_REUSEPORT
-        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        holder.bind((host, 0))
-        port = holder.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="gateway-") as tmp:
-        config = Path(tmp) / "gateway.yaml"
-        if config_path is not None:  # the workers reload (SIGHUP, /admin/reload) from the real file
-            config = Path(config_path)
-        else:
-            config.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway", "serve", "--config", str(config), "--host", host,
-                "--port", str(port), "--reuse-port", stdout=asyncio.subprocess.PIPE,
-            )
-            for _ in range(workers)
-        ]
-        signals.workers = procs
-        try:
-            for proc in procs:
-                assert proc.stdout is not None
-                line = (await proc.stdout.readline()).decode()
-                if not line.startswith("gateway listening on "):
-                    raise RuntimeError(f"a worker failed to start: {line!r}")
-            if holder is not None:
-                holder.close()
-            url = f"http://{host}:{port}"
-            print(f"gateway listening on {url} ({workers} workers)", flush=True)
-            await signals.stop.wait()
-        finally:
-            for proc in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-            for proc in procs:
-                await proc.wait()
-    return url
+    settings: Settings, *, host: str, port: int, workers: int, config_path: str | None,
+    banner: Callable[[str], str] | None,
+) -> int:
+    """Run `workers` worker processes on one port until a signal stops them; the exit status."""
+    from .app import build_pool
+    from .cluster.supervisor import Supervisor, install_signals
+
+    supervisor = Supervisor(settings, host=host, port=port, workers=workers, config_path=config_path,
+                            build_pool=build_pool)
+    install_signals(supervisor)
+
+    def listening(url: str) -> None:
+        print(f"gateway listening on {url} ({workers} workers)", flush=True)
+        if banner is not None:
+            print(banner(url), flush=True)
+
+    return await supervisor.run(listening)

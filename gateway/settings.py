@@ -11,6 +11,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 from backends.base import Runtime
+from backends.capabilities import EMBEDDING_DEFAULTS, POSSIBLE, Feature
+
+from .discovery.config import DiscoveryEntry, duplicate_entry_names
 
 PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
 _NAME = r"^[A-Za-z0-9_.:-]+$"
@@ -63,10 +66,32 @@ class KvEvents(_Strict):
     data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     # no batch this long after a response showed the engine stored blocks: the publisher is silent
     silent_after_s: Annotated[float, Field(gt=0)] = 5.0
+class Capabilities(_Strict):
+    """Overrides of what the backend's runtime serves by default (`backends.capabilities`): `true`
+    adds a feature (e.g. `stored_responses` for vLLM started with VLLM_ENABLE_RESPONSES_API_STORE=1),
+    `false` removes one (e.g. `tools` for a vLLM started without a tool-call parser)."""
+
+    chat: bool | None = None
+    completions: bool | None = None
+    responses: bool | None = None
+    stored_responses: bool | None = None
+    embeddings: bool | None = None
+    tokenize: bool | None = None
+    tools: bool | None = None
+    response_format: bool | None = None
+    logprobs: bool | None = None
+    n: bool | None = None
+    images: bool | None = None
+    audio: bool | None = None
+
+    def overrides(self) -> dict[Feature, bool]:
+        return {Feature(k): v for k, v in self.model_dump().items() if v is not None}
 
 
 class Backend(_Strict):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    # `[` `]` and the length are for discovered backends, named `<entry>-<address>:<port>` with IPv6
+    # addresses in brackets (an entry name of 40 and `-[` 39 `]:65535`).
+    name: Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")]
     runtime: Runtime
     url: HttpUrl
     model: Annotated[str, Field(min_length=1)]
@@ -84,6 +109,17 @@ class Backend(_Strict):
     # How the engine tokenizes (a directory with tokenizer.json, a Hugging Face name in the local
     # cache, or `emulator`); overrides the route's `tokenizer`.
     tokenizer: Annotated[str, Field(min_length=1)] | None = None
+    # Overrides of the runtime's default capabilities (what requests this backend may be sent).
+    capabilities: Capabilities = Capabilities()
+    # The model's context length, when the backend's own /v1/models does not report it (Triton).
+    max_model_len: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _possible_capabilities(self) -> Backend:
+        impossible = [f for f, on in self.capabilities.overrides().items() if on and f not in POSSIBLE[self.runtime]]
+        if impossible:
+            raise ValueError(f"capabilities.{impossible[0]}: the {self.runtime} adapter cannot serve it")
+        return self
 
     @model_validator(mode="after")
     def _one_key_source(self) -> Backend:
@@ -150,6 +186,9 @@ class Split(_Strict):
 
 class Route(_Strict):
     model: Annotated[str, Field(min_length=1)]
+    # What the route's model is: `generate` (chat, completions, Responses, tokenize) or `embeddings`
+    # (an embedding model: /v1/embeddings and tokenize). A backend serves routes of one kind only.
+    kind: Literal["generate", "embeddings"] = "generate"
     backends: Annotated[list[str], Field(min_length=1)] | None = None
     policy: PolicyName = "least_load"
     split: Split | None = None
@@ -202,6 +241,8 @@ class Health(_Strict):
 class Limits(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 8190  # one request/header line
+    # the whole head: request line and every header line, CRLFs included (many small headers)
+    max_header_section_bytes: Annotated[int, Field(ge=1024, le=4 * 1024 * 1024)] = 32768
     header_timeout_s: Annotated[float, Field(gt=0)] = 10.0  # until a request's headers are complete
     body_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # until its body is complete
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0  # SIGTERM: how long in-flight requests may finish
@@ -244,35 +285,67 @@ class Auth(_Strict):
         return self
 
 
+class State(_Strict):
+    """The store that several gateway replicas share (see `gateway/state/store.py`). Without it, a
+    replica shares nothing with other replicas; its workers still share everything through their
+    supervisor."""
+
+    redis_url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")]
+    key_prefix: Annotated[str, Field(min_length=1, max_length=64, pattern=_NAME)] = "igw"
+    # This replica's name in the fleet view (`/admin/compare?scope=fleet`); default: host-pid.
+    replica_id: Annotated[str, Field(min_length=1, max_length=128, pattern=_NAME)] | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=10)] = 0.25  # per Redis command; past it: local state
+    publish_interval_s: Annotated[float, Field(gt=0, le=60)] = 2.0  # window data for the fleet view
+    sync_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.2  # how often shared weights are read
+
+
 class Settings(_Strict):
     listen: Listen = Listen()
-    backends: Annotated[list[Backend], Field(min_length=1)]
+    backends: list[Backend] = []  # static backends; may be empty when `discovery` finds them
+    discovery: list[DiscoveryEntry] = []  # pools of backends found in DNS or Kubernetes (gateway.discovery)
     routes: Annotated[list[Route], Field(min_length=1)]
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
     health: Health = Health()
     limits: Limits = Limits()
     auth: Auth = Auth()
+    state: State | None = None
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Settings:
         names = [b.name for b in self.backends]
+        if not names and not self.discovery:
+            raise ValueError("give `backends`, `discovery` or both: there is nothing to route to")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"backends: duplicate backend names {dupes}")
+        clashes = duplicate_entry_names(self.discovery, names)
+        if clashes:
+            raise ValueError(f"discovery: names used twice, or by a static backend: {clashes}")
         models = [r.model for r in self.routes]
         dupe_models = sorted({m for m in models if models.count(m) > 1})
         if dupe_models:
             raise ValueError(f"routes: duplicate route models {dupe_models}")
-        known = set(names)
+        known = set(names) | {e.name for e in self.discovery}  # a discovery name stands for all its backends
         for i, route in enumerate(self.routes):
             missing = [b for b in route.candidates if b not in known]
             if missing:
                 where = "backends" if route.split is None else "split.arms"
-                raise ValueError(f"routes.{i}.{where}: unknown backend(s) {missing}")
+                raise ValueError(f"routes.{i}.{where}: unknown backend(s) or discovery pool(s) {missing}")
+        runtimes = {b.name: b.runtime for b in self.backends} | {e.name: e.runtime for e in self.discovery}
+        kinds: dict[str, str] = {}
+        for i, route in enumerate(self.routes):
+            for name in route.candidates:  # backends and discovery pools alike
+                if kinds.setdefault(name, route.kind) != route.kind:
+                    raise ValueError(f"routes.{i}.kind: backend {name!r} is also in a {kinds[name]} route "
+                                     "(a backend serves one model, of one kind)")
+                runtime = runtimes[name]
+                if route.kind == "embeddings" and not EMBEDDING_DEFAULTS[runtime]:
+                    raise ValueError(f"routes.{i}.kind: backend {name!r} ({runtime}) cannot serve embeddings")
         by_name = {b.name: b for b in self.backends}
         for i, route in enumerate(self.routes):
-            specs = {by_name[b].tokenizer or route.tokenizer for b in route.candidates}
+            # discovery pools' members tokenize as the route says
+            specs = {(by_name[b].tokenizer if b in by_name else None) or route.tokenizer for b in route.candidates}
             if len(specs) > 1:
                 raise ValueError(f"routes.{i}: its backends tokenize differently ({sorted(map(str, specs))}); "
                                  "one tokenizer per route")
@@ -287,11 +360,17 @@ class Settings(_Strict):
 
     def route_tokenizer(self, route: Route) -> str | None:
         """The tokenizer spec a route's requests are tokenized with (validated: one per route)."""
+        by_name = {b.name: b for b in self.backends}
         for name in route.candidates:
-            spec = self.backend(name).tokenizer
-            if spec is not None:
-                return spec
+            backend = by_name.get(name)  # None: a discovery pool
+            if backend is not None and backend.tokenizer is not None:
+                return backend.tokenizer
         return route.tokenizer
+
+    @cached_property
+    def embedding_backends(self) -> frozenset[str]:
+        """The backends (and discovery pools) of `embeddings` routes: their figures are kept apart."""
+        return frozenset(n for r in self.routes if r.kind == "embeddings" for n in r.candidates)
 
 
 class ConfigError(Exception):

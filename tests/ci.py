@@ -22,6 +22,7 @@ NEEDS = {
     "discovery": "dnsmasq (`make system-deps`)",
     "prometheus": "prometheus and promtool (`make prometheus`)",
     "real": "the real vLLM environment (`make real-env`)",
+    "replicas": "redis-server (`make system-deps`)",
 }
 COLLECTION_SKIPS = pytest.StashKey[list[str]]()
 

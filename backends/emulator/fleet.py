@@ -24,6 +24,7 @@ class FleetSpec:
     port_offset: int
     metrics_port_offset: int | None = None
     faults: Faults = field(default_factory=Faults)
+    embedding_dim: int | None = None  # an embedding model (vLLM `--runner pooling`)
 
 
 DEMO_FLEET: list[FleetSpec] = [
@@ -32,7 +33,11 @@ DEMO_FLEET: list[FleetSpec] = [
     FleetSpec("trtllm-a", Runtime.TRTLLM, "deepseek-v3", "deepseek-v3-8xh200", 3),
     FleetSpec("triton-a", Runtime.TRITON, "ensemble", "deepseek-v3-8xh200", 4, metrics_port_offset=5),
 ]
-DEMO_BASE_PORT = 8000  # DEMO_FLEET on fixed ports 8001..8005, as in config/demo.yaml
+# The demo's embedding model: a vLLM pooling model on the synthetic `tiny` profile (1 GPU at an assumed $1/h).
+DEMO_EMBEDDING_FLEET: list[FleetSpec] = [
+    FleetSpec("embed-a", Runtime.VLLM, "bge-m3", "tiny", 6, embedding_dim=1024),
+]
+DEMO_BASE_PORT = 8000  # DEMO_FLEET on fixed ports 8001..8005, DEMO_EMBEDDING_FLEET on 8006, as in config/demo.yaml
 
 
 async def start_fleet(
@@ -44,7 +49,8 @@ async def start_fleet(
     try:
         for i, spec in enumerate(specs):
             cfg = EmulatorConfig(runtime=spec.runtime, model=spec.model, profile=spec.profile, speed=speed,
-                                 faults=spec.faults, max_model_len=max_model_len, seed=seed + i)
+                                 faults=spec.faults, max_model_len=max_model_len, seed=seed + i,
+                                 embedding_dim=spec.embedding_dim)
             port = 0 if base_port is None else base_port + spec.port_offset
             mport = 0 if base_port is None or spec.metrics_port_offset is None else base_port + spec.metrics_port_offset
             emu = await start_emulator(cfg, host=host, port=port, metrics_port=mport)

@@ -1,8 +1,10 @@
 """Regenerate the canned upstream bodies: `python -m bench.upstream.bodies`.
 
 Shapes follow the real vLLM 0.32.0 transcripts (tests/data/vllm-0.32.0-cpu: chat.txt,
-chat_stream_usage.txt, metrics.txt): same key order and nulls, `"model":"tiny-moe"`. The stream is a
-role chunk, 64 token chunks (the last with `finish_reason`), a usage chunk and `[DONE]`.
+chat_stream_usage.txt, metrics.txt): same key order and nulls, `"model":"tiny-moe"`. The stream is
+issue 13's "answer of 20 SSE chunks": exactly 20 data events (a role chunk, 18 token chunks, the
+18th carrying `finish_reason` as vLLM sends it, and the usage chunk), then `data: [DONE]`. nginx
+sends it in one write (sendfile, corked with the head: `tcp_nopush`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 import orjson
 
 HERE = Path(__file__).resolve().parent
-TOKENS = 64
+TOKENS = 18
+STREAM_EVENTS = TOKENS + 2  # data events before [DONE]: role + tokens + usage
 CHAT_ID = "chatcmpl-a2e20a642be45856"
 CREATED = 1795974001
 FINGERPRINT = "vllm-0.32.0-ff6c978c"

@@ -6,6 +6,12 @@ request (`proxy.exchange.Exchange.key`) and accounting charges its usage to it, 
 
 A key asking for a model it may not use gets 404 `model_not_found`, exactly as for a model that does
 not exist: a key learns nothing about routes it has no access to (OpenAI answers the same way).
+
+With no admin token configured, `/admin` and `/dashboard` stay open for reading, but writes (any
+method but GET and HEAD: reload, live weights) are refused with 403 unless every address the gateway
+listens on is a loopback one (`admin_writes_open`, set by the composition root once it is bound): a
+gateway started with `--host 0.0.0.0` (the container image's default) cannot be reconfigured by
+whoever reaches its port.
 """
 
 from __future__ import annotations
@@ -20,16 +26,22 @@ from prometheus_client import CollectorRegistry, Counter
 
 from backends.base import Endpoint
 
-from ..errors import RateLimited, Unauthorized
+from ..errors import Forbidden, RateLimited, Unauthorized
 from ..observability.outcome import Outcome
 from ..settings import ApiKey
 from ..state.generations import Generations
-from .ratelimit import KeyLimiter
+from .ratelimit import Limiter, exact_wait_s, rate_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# the models the authenticated key may use (None: all), for `/v1/models`
+KEY_MODELS: web.RequestKey[list[str] | None] = web.RequestKey("api_key_models")
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
-ENDPOINT_PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
+READ_METHODS = frozenset({"GET", "HEAD"})
+ENDPOINT_PATHS = {
+    Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions", Endpoint.RESPONSES: "/v1/responses",
+    Endpoint.EMBEDDINGS: "/v1/embeddings", Endpoint.TOKENIZE: "/tokenize", Endpoint.DETOKENIZE: "/detokenize",
+}
 GENERATION_PATHS = frozenset(ENDPOINT_PATHS.values())
 
 
@@ -78,9 +90,11 @@ class Guard:
     are admitted by the dispatcher (`authenticate`, `limit`), which records every outcome; aiohttp's
     other paths go through `middleware`."""
 
-    def __init__(self, generations: Generations, limiter: KeyLimiter, registry: CollectorRegistry) -> None:
+    def __init__(self, generations: Generations, limiter: Limiter, registry: CollectorRegistry) -> None:
         self._generations = generations
         self._limiter = limiter
+        # without an admin token, may admin writes be made? Only on a loopback-only listener (app.start)
+        self.admin_writes_open = False
         self.key_requests = Counter(
             "gateway_key_requests", "Generation requests by client key id and outcome.", ("key", "status"),
             registry=registry,
@@ -114,32 +128,47 @@ class Guard:
             )
         return key
 
-    def limit(self, key: ApiKey) -> None:
-        """Take one request from the key's budget; raises RateLimited when it is spent."""
-        limited = self._limiter.admit(key)
+    async def limit(self, key: ApiKey) -> dict[str, str]:
+        """Take one request from the key's budget (this process's, the gateway's or the fleet's, as
+        the limiter is) and return OpenAI's `x-ratelimit-*` headers for the response (none for a key
+        without limits); raises RateLimited (with them) when it is spent."""
+        decision = await self._limiter.admit(key)
+        headers = rate_headers(key, decision.levels) if key.requests_per_minute or key.tokens_per_minute else {}
+        limited = decision.refused
         if limited is not None:
             wait, kind = limited
             raise RateLimited(f"Rate limit reached for key {key.id}; retry after {wait} s.",
-                              kind=kind, retry_after_s=wait)
+                              kind=kind, retry_after_s=exact_wait_s(key, kind, decision.levels), headers=headers)
+        return headers
 
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path in PUBLIC_PATHS or path in GENERATION_PATHS:  # the dispatcher admits generation requests
             return await handler(request)
         if path.startswith(("/admin", "/dashboard")):
-            self.check_admin(path, request.headers)
+            self.check_admin(path, request.headers, method=request.method)
             return await handler(request)
         if path.startswith("/v1/"):
             key = self.authenticate(request.headers)
             if key is not None:
-                self.limit(key)
-                request["api_key"] = key.id
-                request["api_key_models"] = key.models
+                limits = await self.limit(key)
+                request[KEY_MODELS] = key.models
+                response = await handler(request)
+                if limits and not response.prepared:
+                    response.headers.update(limits)
+                return response
         return await handler(request)
 
-    def check_admin(self, path: str, headers: Mapping[str, str]) -> None:
+    def check_admin(self, path: str, headers: Mapping[str, str], *, method: str = "GET") -> None:
         admin_digest = self._generations.current.secrets.admin_digest
         if admin_digest is None:
+            if method not in READ_METHODS and not self.admin_writes_open:
+                raise Forbidden(
+                    "Admin writes are disabled: no admin token is configured and the gateway listens on a "
+                    "non-loopback address. Configure `auth.admin_token_sha256` (or `auth.admin_token_file`), "
+                    "or listen on loopback only (127.0.0.1 or ::1).",
+                    code="admin_token_required",
+                )
             return
         token = admin_credential(headers)
         if token is None or not hmac.compare_digest(_digest(token), admin_digest.encode()):

@@ -3,15 +3,92 @@
 A request takes one unit from its key's request bucket when it arrives. Tokens are only known after
 the request (from its usage), so they are charged then and may drive the token bucket below zero;
 the next request is admitted again once it has refilled above zero. Both answers say how long to wait.
+
+`rate_headers` states a key's budgets the way OpenAI does, on every response to a key with limits
+(`x-ratelimit-limit-*`, `x-ratelimit-remaining-*`, `x-ratelimit-reset-*` for requests and tokens:
+the limit per minute, what is left now, and how long until the bucket is full again, as `1s`,
+`6m0s`, `250ms`), from the bucket levels the admission saw.
+
+`KeyLimiter` holds the buckets of one process. A gateway of several workers keeps its buckets in the
+supervisor (`cluster.hub`, asked over the worker's channel) and a fleet of replicas in the shared
+store (`access.shared_limits`); all of them are a `Limiter` (an admission answers the decision and
+the levels it left), and all keep these semantics.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from ..settings import ApiKey
+
+class KeyLimits(Protocol):
+    """What a limiter reads of a key (`settings.ApiKey` has it)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def requests_per_minute(self) -> int | None: ...
+
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits without the key (what crosses a process boundary)."""
+
+    id: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+
+
+Admission = tuple[int, str] | None  # None: admitted; else (Retry-After seconds, "requests" | "tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An admission's answer and the levels it left in the key's buckets ("requests", "tokens")."""
+
+    refused: Admission = None
+    levels: Mapping[str, float] = field(default_factory=dict)
+
+
+class Limiter(Protocol):
+    async def admit(self, key: KeyLimits) -> Decision: ...
+
+    def charge(self, key: KeyLimits, tokens: int) -> None: ...
+
+
+def _per_minute(key: KeyLimits, kind: str) -> int | None:
+    return key.requests_per_minute if kind == "requests" else key.tokens_per_minute
+
+
+def rate_headers(key: KeyLimits, levels: Mapping[str, float]) -> dict[str, str]:
+    """OpenAI's rate-limit headers for `key` at these levels (empty for a key without limits)."""
+    out: dict[str, str] = {}
+    for kind in ("requests", "tokens"):
+        per_minute = _per_minute(key, kind)
+        if per_minute is None:
+            continue
+        level = levels.get(kind, float(per_minute))
+        out[f"x-ratelimit-limit-{kind}"] = str(per_minute)
+        out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(level)))
+        out[f"x-ratelimit-reset-{kind}"] = duration(max(per_minute - level, 0.0) / (per_minute / 60.0))
+    return out
+
+
+def exact_wait_s(key: KeyLimits, kind: str, levels: Mapping[str, float]) -> float:
+    """Exact seconds until `kind`'s budget admits the next request (for `retry-after-ms`)."""
+    per_minute = _per_minute(key, kind)
+    if per_minute is None:
+        return 0.0
+    level, per_s = levels.get(kind, float(per_minute)), per_minute / 60.0
+    if kind == "tokens":
+        return 0.0 if level > 0 else -level / per_s
+    return 0.0 if level >= 1.0 else (1.0 - level) / per_s
 
 
 @dataclass(slots=True)
@@ -44,7 +121,7 @@ class KeyLimiter:
         bucket.refill(now)
         return bucket
 
-    def admit(self, key: ApiKey) -> tuple[int, str] | None:
+    def admit(self, key: KeyLimits) -> Admission:
         """Take one request for `key`; None when admitted, else the whole seconds to wait (Retry-After)
         and which budget is spent ("requests" or "tokens", as OpenAI names them)."""
         now = self._clock()
@@ -63,8 +140,54 @@ class KeyLimiter:
             requests.level -= 1.0
         return None
 
-    def charge(self, key: ApiKey, tokens: int) -> None:
+    def levels(self, key: KeyLimits) -> dict[str, float]:
+        """The key's bucket levels now ("requests", "tokens"; only the budgets it has)."""
+        now = self._clock()
+        out: dict[str, float] = {}
+        for kind, store in (("requests", self._requests), ("tokens", self._tokens)):
+            per_minute = _per_minute(key, kind)
+            if per_minute is not None:
+                out[kind] = self._bucket(store, key.id, per_minute, now).level
+        return out
+
+    def wait_s(self, key: KeyLimits, kind: str) -> float:
+        """Exact seconds until `kind`'s budget admits the next request (for `retry-after-ms`)."""
+        return exact_wait_s(key, kind, self.levels(key))
+
+    def headers(self, key: KeyLimits) -> dict[str, str]:
+        """OpenAI's rate-limit headers for `key` now (empty for a key without limits)."""
+        return rate_headers(key, self.levels(key))
+
+    def charge(self, key: KeyLimits, tokens: int) -> None:
         if key.tokens_per_minute is None or tokens <= 0:
             return
         bucket = self._bucket(self._tokens, key.id, key.tokens_per_minute, self._clock())
         bucket.level -= tokens
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI's rate-limit headers write it: `250ms`, `1s`, `6m0s`, `1h2m3.5s`."""
+    if seconds < 1.0:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    ms = math.ceil(seconds * 1000)
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    out = f"{hours}h" if hours else ""
+    if hours or minutes:
+        out += f"{minutes}m"
+    return out + f"{secs}s"
+
+
+class LocalLimiter:
+    """This process's buckets as a `Limiter`."""
+
+    def __init__(self, limiter: KeyLimiter) -> None:
+        self.buckets = limiter
+
+    async def admit(self, key: KeyLimits) -> Decision:
+        refused = self.buckets.admit(key)
+        return Decision(refused, self.buckets.levels(key))
+
+    def charge(self, key: KeyLimits, tokens: int) -> None:
+        self.buckets.charge(key, tokens)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 from pydantic import SecretStr, TypeAdapter, ValidationError
@@ -41,6 +43,7 @@ class Secrets:
     api_keys: tuple[ApiKey, ...] = ()
     admin_digest: str | None = None
     backend_keys: dict[str, SecretStr] = field(default_factory=dict)
+    discovery_keys: dict[str, SecretStr] = field(default_factory=dict)  # by entry: one key for its backends
 
 
 def resolve_secrets(settings: Settings, *, source: str = "<config>") -> Secrets:
@@ -72,26 +75,46 @@ def resolve_secrets(settings: Settings, *, source: str = "<config>") -> Secrets:
                 raise ValueError("empty")
         except (OSError, ValueError) as exc:
             errors.append(f"auth.admin_token_file: cannot use {auth.admin_token_file}: {type(exc).__name__}")
-    backend_keys: dict[str, SecretStr] = {}
-    for i, b in enumerate(settings.backends):
+    backend_keys = _upstream_keys("backends", settings.backends, errors)
+    discovery_keys = _upstream_keys("discovery", settings.discovery, errors)
+    if errors:
+        raise ConfigError(source, errors)
+    return Secrets(api_keys=tuple(keys), admin_digest=admin, backend_keys=backend_keys,
+                   discovery_keys=discovery_keys)
+
+
+class _KeyReference(Protocol):
+    """A static backend or a discovery entry: a name and where its upstream key is."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def api_key_env(self) -> str | None: ...
+
+    @property
+    def api_key_file(self) -> Path | None: ...
+
+
+def _upstream_keys(section: str, items: Sequence[_KeyReference], errors: list[str]) -> dict[str, SecretStr]:
+    found: dict[str, SecretStr] = {}
+    for i, b in enumerate(items):
         if b.api_key_env is not None:
             value = os.environ.get(b.api_key_env)
             if not value:
-                errors.append(f"backends.{i}.api_key_env: environment variable {b.api_key_env} is not set")
+                errors.append(f"{section}.{i}.api_key_env: environment variable {b.api_key_env} is not set")
             else:
-                backend_keys[b.name] = SecretStr(value)
+                found[b.name] = SecretStr(value)
         elif b.api_key_file is not None:
             try:
                 value = Path(b.api_key_file).read_text(encoding="utf-8").strip()
             except OSError as exc:
-                errors.append(f"backends.{i}.api_key_file: cannot read {b.api_key_file}: {type(exc).__name__}")
+                errors.append(f"{section}.{i}.api_key_file: cannot read {b.api_key_file}: {type(exc).__name__}")
                 continue
             if not value:
-                errors.append(f"backends.{i}.api_key_file: {b.api_key_file} is empty")
-            backend_keys[b.name] = SecretStr(value)
-    if errors:
-        raise ConfigError(source, errors)
-    return Secrets(api_keys=tuple(keys), admin_digest=admin, backend_keys=backend_keys)
+                errors.append(f"{section}.{i}.api_key_file: {b.api_key_file} is empty")
+            found[b.name] = SecretStr(value)
+    return found
 
 
 class CredentialedAdapter:

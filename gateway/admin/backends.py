@@ -1,4 +1,6 @@
-"""`GET /admin/backends`: every backend's health, ejection state, load and what routing believes."""
+"""`GET /admin/backends`: every backend's health, ejection state, load and what routing believes, and
+where it came from (`source`: `static`, or the discovery entry that found it; `draining` while it
+leaves)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ def install(app: web.Application, generations: Generations) -> None:
                 "runtime": s.config.runtime.value,
                 "url": redact_url(s.config.base_url),
                 "model": s.config.model,
+                "source": s.source,
+                "draining": s.draining,
                 "healthy": s.healthy,
                 "probe_ok": s.probe_ok,
                 "ejected": s.ejected,

@@ -1,16 +1,25 @@
 """`POST /admin/reload`: re-read the config file; 200 with the new generation, or 400 with every error's
-field path (the previous config keeps serving)."""
+field path (the previous config keeps serving). With several workers, every one has reloaded before
+the reply."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from aiohttp import web
 
 from .. import json_codec
 from ..errors import InvalidRequest
-from ..state.reload import Reloader, ReloadRejected
+from ..state.reload import Reloaded, ReloadRejected
 
 
-def install(app: web.Application, reloader: Reloader) -> None:
+class Reloads(Protocol):
+    """`state.reload.Reloader` for one process; the coordinator, which reloads every worker."""
+
+    async def reload(self) -> Reloaded: ...
+
+
+def install(app: web.Application, reloader: Reloads) -> None:
     async def reload(request: web.Request) -> web.Response:
         try:
             done = await reloader.reload()

@@ -1,9 +1,9 @@
 """Backend discovery: pools of backends found in DNS or Kubernetes, followed while the gateway runs.
 
 Imports nothing of the gateway but its JSON codec and `backends.base.Runtime`; the composition root
-wires it to the pool. The pieces:
+wires it to the pool through `gateway.state.membership`. The pieces:
 
-- config.py: the `discovery:` config entries (mount as `Settings.discovery`).
+- config.py: the `discovery:` config entries (mounted as `Settings.discovery`).
 - source.py: the `Source` contract, `changes()` (the one loop that counts and yields changes) and
   `run()`; start here.
 - endpoints.py: `Endpoint`, and `backends_of(entry, endpoints)`, the backends an entry makes.

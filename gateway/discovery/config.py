@@ -1,8 +1,8 @@
 """The `discovery:` section of the config: one entry per discovered pool, validated by pydantic.
 
-Frozen, unknown keys rejected, errors name the field (as in gateway/settings.py). Mount it as
-`discovery: list[DiscoveryEntry] = []` on `Settings`; `duplicate_entry_names` helps the cross-checks
-Settings does for static backends (entry names are what routes refer to).
+Frozen, unknown keys rejected, errors name the field (as in gateway/settings.py). Mounted as
+`discovery: list[DiscoveryEntry] = []` on `Settings`, which uses `duplicate_entry_names` for the
+cross-checks it does for static backends (entry names are what routes refer to).
 
 ```yaml
 discovery:

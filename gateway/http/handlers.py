@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -13,7 +15,8 @@ from prometheus_client.exposition import choose_encoder
 from backends.base import Endpoint
 
 from .. import json_codec
-from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from ..access.auth import KEY_MODELS
+from ..errors import BodyTooLarge, GatewayError, InvalidRequest, ModelNotFound, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..proxy.sink import Entry
 from ..state.generations import Generations
@@ -23,6 +26,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 _HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
@@ -32,7 +36,7 @@ def json_response(obj: object, *, status: int = 200, headers: dict[str, str] | N
 
 def _error_response(exc: GatewayError, request: web.Request) -> web.Response:
     headers = dict(exc.headers)
-    request_id = request.get("request_id") or request.headers.get("x-request-id")
+    request_id = request.get(REQUEST_ID) or request.headers.get("x-request-id")
     if request_id:
         headers["x-request-id"] = request_id
     response = web.Response(body=exc.render(), status=exc.status, headers=headers, content_type="application/json")
@@ -75,9 +79,10 @@ class Handlers:
         self._registry = registry
         self._body_timeout_s = body_timeout_s
         self._serve_metrics = serve_metrics
+        self._created = int(time.time())  # the models' `created`: when this gateway started serving them
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        request_id = request["request_id"] = choose_request_id(request.headers.get("x-request-id"))
+        request_id = request[REQUEST_ID] = choose_request_id(request.headers.get("x-request-id"))
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await request.read()
@@ -98,14 +103,47 @@ class Handlers:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.RESPONSES)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.EMBEDDINGS)
+
+    async def tokenize(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.TOKENIZE)
+
+    async def detokenize(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.DETOKENIZE)
+
+    def _cards(self, allowed: object) -> list[dict[str, Any]]:
+        """One OpenAI model object per route the caller may use, with the smallest context length
+        (`max_model_len`) of its healthy backends: what a request may be sure to fit (null when none
+        of them reports or configures one)."""
+        generation = self._generations.current
+        pool = generation.pool
+        cards = []
+        for route in generation.settings.routes:
+            if isinstance(allowed, list) and route.model not in allowed:
+                continue
+            lengths = []
+            for name in pool.expand(route.candidates):  # discovery pools stand for their members
+                state = pool[name]
+                length = state.config.max_model_len or state.max_model_len
+                if state.healthy and length:
+                    lengths.append(length)
+            cards.append({"id": route.model, "object": "model", "created": self._created, "owned_by": "gateway",
+                          "max_model_len": min(lengths) if lengths else None})
+        return cards
+
     async def models(self, request: web.Request) -> web.Response:
-        allowed = request.get("api_key_models")
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "gateway"}
-            for m in self._generations.current.proxy.route_models
-            if allowed is None or m in allowed
-        ]
-        return json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": self._cards(request.get(KEY_MODELS))})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        card = next((c for c in self._cards(request.get(KEY_MODELS)) if c["id"] == name), None)
+        if card is None:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return json_response(card)
 
     async def health(self, request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -123,7 +161,12 @@ class Handlers:
     def install(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         if self._serve_metrics:

@@ -1,67 +1,54 @@
 """The native HTTP/1.1 front: the generation endpoints without aiohttp's server on the hot path.
 
-Every connection starts here. The first bytes of each request decide who serves it: a
-`POST /v1/chat/completions` or `POST /v1/completions` is parsed with httptools and handed to the
-same guard and proxy that aiohttp's handlers use; anything else (admin, metrics, dashboard, models,
-health) hands the whole connection to aiohttp, which then owns it until it closes. aiohttp costs
-~100 µs of CPU per request here; this front costs a few, and that is the difference between a
+Every connection starts here. The first bytes of each request decide who serves it: a `POST` to
+one of `HOT_PATHS` (chat, completions, Responses, embeddings) is read by `reader.Reader` (httptools) and
+handed to the same `Entry` that aiohttp's handlers use; any other request hands the connection, with
+the bytes it sent, to aiohttp (`aiohttp_server.GatewayProtocol`), which owns it from then on. aiohttp
+costs ~100 µs of CPU per request here; this front costs a few, and that is the difference between a
 Python gateway and one in the Rust routers' class.
 
-What aiohttp did for the hot path is done here too: a header timeout (slowloris, 408), a body timeout
-(408), body and header size limits (413, 431), `Expect: 100-continue`, keep-alive with an idle
-timeout, pipelined requests answered in order, OpenAI-shaped errors for unparseable input (400),
-flow control towards slow readers, and cancellation of the request's task when its client goes away
-(which aborts the upstream request). Shutdown stops accepting, closes idle connections and lets
-running requests finish for up to the drain timeout.
+One request at a time per connection: bytes that arrive while a request is being served wait, unread,
+until its response is written; then the next request is read (and handed to aiohttp if it is not a
+generation request). So pipelined requests of any kind are answered in order, and `100 Continue` is
+sent when a request's turn comes, never while an earlier response is still running.
+
+What aiohttp does is done here too: a header timeout (slowloris, 408), a body timeout (408), limits
+on the request line, each header field, the whole head and the body (431, 413), unparseable
+requests (400), all OpenAI-shaped and each reported to `Entry.refused` so that every generation
+request is counted once; keep-alive with an idle timeout; half-closed clients (they still get
+their responses); `Date` on every response; flow control towards slow readers; and cancellation of
+the request's task when its client goes away (which aborts the upstream request). Shutdown stops
+accepting, closes idle connections and lets running requests finish for up to the drain timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections import deque
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import cast
-
-import httptools
 
 from backends.base import Endpoint
 
-from ..errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from ..errors import GatewayError, InvalidRequest, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..proxy.sink import Entry
 from ..settings import Limits
+from .halfclose import GoneWatch
+from .reader import COMPLETE, FAILED, HEADERS, Message, Reader
+from .wire import date_line, error_bytes, status_line
 
 log = logging.getLogger(__name__)
 
-HOT_PATHS = {b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS}
+HOT_PATHS = {
+    b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS,
+    b"/v1/responses": Endpoint.RESPONSES, b"/v1/embeddings": Endpoint.EMBEDDINGS,
+}
 _HOT_STARTS = tuple(b"POST " + path + b" " for path in HOT_PATHS)
-_MAX_HEADERS = 256
-_HIGH_WATER = 256 * 1024  # buffered request bytes (pipelining) before reading pauses
-
-
-
-@functools.cache
-def status_line(status: int) -> str:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Unknown"
-    return f"HTTP/1.1 {status} {phrase}\r\n"
-
-
-def error_bytes(error: GatewayError, request_id: str | None = None, *, close: bool = True) -> bytes:
-    """A complete OpenAI-shaped error response."""
-    body = error.render()
-    head = [status_line(error.status), "Content-Type: application/json\r\n", f"Content-Length: {len(body)}\r\n"]
-    head.extend(f"{k}: {v}\r\n" for k, v in error.headers.items())
-    if request_id:
-        head.append(f"x-request-id: {request_id}\r\n")
-    head.append("Connection: close\r\n\r\n" if close else "\r\n")
-    return "".join(head).encode("latin-1") + body
+_HIGH_WATER = 256 * 1024  # bytes buffered behind a running request before reading pauses
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_BLANK = (13, 10)  # CR, LF: empty lines between requests are skipped (RFC 9112 2.2)
 
 
 class NativeSink:
@@ -77,8 +64,11 @@ class NativeSink:
 
     def _head(self, status: int, headers: Mapping[str, str], framing: str) -> bytes:
         lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-        end = "\r\n" if self._keep_alive else "Connection: close\r\n\r\n"
-        return f"{status_line(status)}{lines}{framing}{end}".encode("latin-1")
+        if not self._keep_alive:
+            end = "Connection: close\r\n\r\n"
+        else:  # HTTP/1.0 closes unless the response says otherwise
+            end = "\r\n" if self._chunked else "Connection: keep-alive\r\n\r\n"
+        return f"{status_line(status)}{self._conn.date}{lines}{framing}{end}".encode("latin-1")
 
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         """The whole response at once; a client that has gone simply does not get it."""
@@ -123,35 +113,18 @@ class NativeSink:
         self._conn.response_done(keep)
 
 
-@dataclass(slots=True)
-class _Message:
-    endpoint: Endpoint | None = None
-    url: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-    body: list[bytes] = field(default_factory=list)
-    body_bytes: int = 0
-    keep_alive: bool = True
-    http11: bool = True
-    header_bytes: int = 0
-    error: GatewayError | None = None
-
-
-class _Stop(Exception):
-    """Raised from a parser callback to stop parsing after an error response was decided."""
-
-
 class Front:
     """The protocol factory and registry of native connections (for drain and the idle sweep)."""
 
     def __init__(
-        self, entry: Entry, fallback: Callable[[], asyncio.Protocol], limits: Callable[[], Limits],
-        *, keepalive_s: float = 75.0,
+        self, entry: Entry, fallback: Callable[[], asyncio.Protocol], limits: Limits, *, keepalive_s: float = 75.0,
     ) -> None:
         self.entry = entry  # where generation requests go, and where refusals are counted
-        self.fallback = fallback  # aiohttp's protocol factory, for connections that are not ours
-        self.limits = limits  # live: follows config reloads
+        self.fallback = fallback  # aiohttp's protocol factory, for requests that are not ours
+        self.limits = limits  # read once at start, like aiohttp's (a reload reports a change as restart_required)
         self.keepalive_s = keepalive_s
         self.connections: set[FrontProtocol] = set()
+        self.date = date_line()  # every response's `Date` line, refreshed once a second by `_sweep`
         # create it in the loop that serves it; Python 3.11's get_running_loop() costs a getpid()
         # syscall, so the per-request code uses this instead
         self.loop = asyncio.get_running_loop()
@@ -160,14 +133,17 @@ class Front:
 
     def __call__(self) -> FrontProtocol:
         if self._sweeper is None:
+            self.date = date_line()
             self._sweeper = self.loop.create_task(self._sweep())
         return FrontProtocol(self)
 
     async def _sweep(self) -> None:
-        """Close keep-alive connections idle for longer than `keepalive_s` (coarse, once a second)."""
+        """Once a second: refresh `date`, and close keep-alive connections idle for longer than
+        `keepalive_s`."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0 - time.time() % 1.0)  # just after each second begins
+            self.date = date_line()
             limit = loop.time() - self.keepalive_s
             for conn in [c for c in self.connections if c.idle_since is not None and c.idle_since < limit]:
                 conn.abort()
@@ -202,17 +178,26 @@ class FrontProtocol(asyncio.Protocol):
         self._front = front
         self._loop = front.loop
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
-        self._limits = front.limits()
-        self._buf = b""  # bytes not yet given to the parser (before a request starts, or while busy)
-        self._msg: _Message | None = None  # the request being parsed
-        self._queue: deque[_Message] = deque()  # parsed, waiting for their turn (pipelining)
+        self._limits = front.limits
+        self._reader = Reader(front.limits)
+        self._buf = b""  # received bytes not read yet: the next requests, held while one is served
         self.task: asyncio.Task[None] | None = None
         self.idle_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._paused_reading = False
         self._drain: asyncio.Future[None] | None = None
         self._closed = False
+        self._eof = False  # the client shut down its sending side: answer what it sent, then close
+        self._reply: NativeSink | None = None  # the running request's response
+        self._http11 = True  # ... and whether that request was HTTP/1.1
+        self._watch: GoneWatch | None = None  # after a FIN during a request: has the client gone?
+        # a request whose task was created but has not run yet: if the client goes now, the task is
+        # cancelled before it ever reaches the dispatcher, so it is counted here instead
+        self._starting: tuple[Endpoint, str | None] | None = None
+
+    @property
+    def date(self) -> str:
+        return self._front.date
 
     # -- transport events ---------------------------------------------------------------------
 
@@ -225,8 +210,14 @@ class FrontProtocol(asyncio.Protocol):
         self._closed = True
         self._front.connections.discard(self)
         self._disarm()
+        if self._watch is not None:
+            self._watch.stop()
         if self.task is not None:
             self.task.cancel()  # the client is gone: stop its request, which aborts the upstream one
+        if self._starting is not None:
+            endpoint, request_id = self._starting
+            self._starting = None
+            self._front.entry.refused(endpoint, "client_closed", request_id)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)  # the writer wakes up and finds the connection closed
         self.transport = None
@@ -240,138 +231,124 @@ class FrontProtocol(asyncio.Protocol):
             self._drain.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return  # closing: nothing more is read
         self.idle_since = None
-        if self._msg is not None:  # inside a request: the parser takes everything
-            self._feed(data)
-        elif self.task is not None or self._queue:  # busy with earlier requests: keep it for later
-            self._buf += data
-            if len(self._buf) > _HIGH_WATER and self.transport is not None and not self._paused_reading:
-                self._paused_reading = True
-                self.transport.pause_reading()
+        self._buf = self._buf + data if self._buf else data
+        if self.task is None:
+            self._read()
+        elif len(self._buf) > _HIGH_WATER and self.transport is not None and not self._paused_reading:
+            self._paused_reading = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        """A half-close: keep the connection to answer what was sent, then close. While a request
+        runs, watch whether the client has in fact gone (`halfclose`)."""
+        if self._eof:
+            return True  # uvloop may report the end of the stream more than once
+        self._eof = True
+        if self.task is None:  # everything complete was started already: what is left never will be
+            self.abort(graceful=True)
         else:
-            self._begin(self._buf + data if self._buf else data)
+            self._watch_client()
+        return True
 
-    def eof_received(self) -> bool | None:
-        return None  # close our side too; a running request is cancelled in connection_lost
+    def _watch_client(self) -> None:
+        if self.transport is not None and self._watch is None:
+            probe = self._http11 and (self._reply is None or not self._reply.started)
+            self._watch = GoneWatch(self._loop, self.transport, self.abort, probe=probe)
 
-    # -- parsing ------------------------------------------------------------------------------
+    # -- reading requests, one at a time ------------------------------------------------------
 
-    def _begin(self, data: bytes) -> None:
-        """A new request starts with `data`: ours if it is a generation POST, else aiohttp's."""
-        self._buf = b""
-        if data.startswith(_HOT_STARTS):
-            self._feed(data)
-        elif any(start.startswith(data) for start in _HOT_STARTS):  # too short to tell yet
-            self._buf = data
-            self._arm(self._limits.header_timeout_s, "The request headers were not received in time.")
+    def _read(self) -> None:
+        """Read buffered bytes while no request is being served, up to the end of the next request."""
+        reader = self._reader
+        buf = self._buf
+        n = len(buf)
+        pos = 0
+        while pos < n and not self._closed:
+            if reader.message is None:  # between requests: the next one is ours, or aiohttp's
+                if reader.closed:  # after a request without keep-alive: the connection closes
+                    pos = n
+                    break
+                if buf[pos] in _BLANK:
+                    pos += 1
+                    continue
+                if not buf.startswith(_HOT_STARTS, pos):
+                    rest = buf[pos:]
+                    if any(start.startswith(rest) for start in _HOT_STARTS):
+                        break  # too short to tell yet
+                    self._buf = b""
+                    self._handoff(rest)
+                    return
+            pos = reader.feed(buf, pos)
+            event = reader.event
+            if event == HEADERS:
+                self._disarm()  # the header timeout is over; the body timeout starts below
+                msg = reader.message
+                if msg is not None and msg.expect_continue:
+                    self.write(_CONTINUE)  # this request's turn has come: ask for its body
+            elif event == COMPLETE:
+                self._disarm()
+                self._buf = buf[pos:] if pos < n else b""
+                self._start(reader.take())
+                return
+            elif event == FAILED:
+                self._buf = b""
+                error = reader.error
+                assert error is not None
+                self._refuse(error, reader.message)
+                return
+        self._buf = buf[pos:] if pos < n else b""
+        if self._closed:
+            return
+        if self._eof:  # the rest of a request that will never come
+            self.abort(graceful=True)
+        elif reader.message is not None or self._buf:
+            if self._timer is None:
+                msg = reader.message
+                if msg is not None and msg.headers_done:
+                    self._arm(self._limits.body_timeout_s, "The request body was not received in time.")
+                else:
+                    self._arm(self._limits.header_timeout_s, "The request headers were not received in time.")
         else:
-            self._handoff(data)
+            self.idle_since = self._loop.time()
 
     def _handoff(self, data: bytes) -> None:
+        """Give the connection, and the bytes of the request that starts `data`, to aiohttp."""
         transport = self.transport
         if transport is None:
             return
         self._disarm()
+        self._closed = True  # for this protocol: aiohttp owns the connection now
         self._front.connections.discard(self)
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
         protocol = self._front.fallback()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         protocol.data_received(data)
+        if self._eof:
+            protocol.eof_received()
         self.transport = None
 
-    def _feed(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError:
-            pass  # a callback decided: the error is on the message
-        except httptools.HttpParserError as exc:
-            self._reject(InvalidRequest(f"Invalid HTTP request: {exc}"))
-            return
-        msg = self._msg
-        if msg is not None:
-            if msg.error is not None:
-                self._reject(msg.error)
-            elif self._timer is None:  # incomplete: headers or body are still coming
-                if msg.endpoint is None:
-                    self._arm(self._limits.header_timeout_s, "The request headers were not received in time.")
-                else:
-                    self._arm(self._limits.body_timeout_s, "The request body was not received in time.")
-        self._next()
+    def _start(self, msg: Message) -> None:
+        endpoint = HOT_PATHS[msg.url]
+        self._starting = (endpoint, msg.headers.get("x-request-id"))
+        self.task = self._loop.create_task(self._run(msg, endpoint))
+        self._http11 = msg.http11
+        if self._eof:  # pipelined before the FIN: the client may have gone since
+            self._watch_client()
 
-    def on_message_begin(self) -> None:
-        self._msg = _Message()
-
-    def on_url(self, url: bytes) -> None:
-        msg = self._msg
-        assert msg is not None
-        msg.url += url
-        msg.header_bytes += len(url)
-        if msg.header_bytes > self._limits.max_header_bytes:
-            self._stop(GatewayError("Request header fields too large: the request line is too long."), 431)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        msg = self._msg
-        assert msg is not None
-        if len(name) + len(value) > self._limits.max_header_bytes or len(msg.headers) >= _MAX_HEADERS:
-            self._stop(GatewayError("Request header fields too large."), 431)
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        msg.headers[key] = msg.headers[key] + ", " + text if key in msg.headers else text
-
-    def on_headers_complete(self) -> None:
-        msg = self._msg
-        assert msg is not None
-        self._disarm()
-        parser = self._parser
-        endpoint = HOT_PATHS.get(msg.url)
-        msg.keep_alive = parser.should_keep_alive()
-        msg.http11 = parser.get_http_version() == "1.1"
-        if endpoint is None or parser.get_method() != b"POST":
-            self._stop(InvalidRequest("Pipelined requests are only accepted for the generation endpoints."), 400)
-        msg.endpoint = endpoint
-        length = msg.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
-            self._stop(BodyTooLarge(f"Request body too large: {length} bytes, the limit is "
-                                    f"{self._limits.max_body_bytes}."), 413)
-        if msg.headers.get("expect", "").lower() == "100-continue":
-            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        msg = self._msg
-        assert msg is not None
-        msg.body.append(body)
-        msg.body_bytes += len(body)
-        if msg.body_bytes > self._limits.max_body_bytes:
-            self._stop(BodyTooLarge(f"Request body too large: the limit is {self._limits.max_body_bytes} bytes."), 413)
-
-    def on_message_complete(self) -> None:
-        msg = self._msg
-        assert msg is not None
-        self._disarm()
-        self._msg = None
-        self._queue.append(msg)
-
-    def _stop(self, error: GatewayError, status: int) -> None:
-        assert self._msg is not None
-        error.status = status
-        self._msg.error = error
-        raise _Stop
-
-    # -- running requests, one at a time per connection ---------------------------------------
-
-    def _next(self) -> None:
-        if self.task is not None or not self._queue or self._closed:
-            return
-        msg = self._queue.popleft()
-        self.task = self._loop.create_task(self._run(msg))
-
-    async def _run(self, msg: _Message) -> None:
-        reply = NativeSink(self, keep_alive=msg.keep_alive and not self._front.closing, http11=msg.http11)
+    async def _run(self, msg: Message, endpoint: Endpoint) -> None:
+        self._starting = None  # from here on the dispatcher counts it
+        reply = self._reply = NativeSink(self, keep_alive=msg.keep_alive and not self._front.closing,
+                                         http11=msg.http11)
         request_id = choose_request_id(msg.headers.get("x-request-id"))
-        assert msg.endpoint is not None
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
-            await self._front.entry.dispatch(msg.headers, body, msg.endpoint, reply, request_id)
+            await self._front.entry.dispatch(msg.headers, body, endpoint, reply, request_id)
             if not reply.started:  # a dispatcher that wrote nothing: never leave a client hanging
                 raise GatewayError("The gateway produced no response.")
         except GatewayError as exc:
@@ -387,26 +364,34 @@ class FrontProtocol(asyncio.Protocol):
             reply.fail(error, request_id)
         finally:
             self.task = None
-        self._resume()
+            self._reply = None
+            if self._watch is not None:
+                self._watch.stop()
+                self._watch = None
+        if not self._closed:
+            if self._paused_reading and self.transport is not None:
+                self._paused_reading = False
+                self.transport.resume_reading()
+            self._read()
 
     def response_done(self, keep_alive: bool) -> None:
-        """A response was written completely: close, or go on reading what the client sends next."""
+        """A response was written completely: close, or read what the client sent next (`_run`)."""
         if not keep_alive:
             self.abort(graceful=True)
-        elif self._paused_reading and self.transport is not None:
-            self._paused_reading = False
-            self.transport.resume_reading()
 
-    def _resume(self) -> None:
-        """The running request finished: start the next one, or wait for one."""
-        if self._closed or self.task is not None:
-            return
-        if self._queue:
-            self._next()
-        elif self._buf and self._msg is None:
-            self._begin(self._buf)
-        elif self._msg is None:
-            self.idle_since = self._loop.time()
+    def _refuse(self, error: GatewayError, msg: Message | None) -> None:
+        """Answer a request refused before it could be served, count it if it was a generation
+        request, and close: the rest of what the client sends is not worth reading."""
+        self._disarm()
+        request_id = None
+        if msg is not None:
+            endpoint = HOT_PATHS.get(msg.url)
+            if endpoint is not None:  # it began with a generation request line (`_HOT_STARTS`)
+                request_id = choose_request_id(msg.headers.get("x-request-id"))
+                self._front.entry.refused(endpoint, error.status, request_id)
+        if self.transport is not None and not self._closed:
+            self.transport.write(error_bytes(error, request_id))
+        self.abort(graceful=True)
 
     # -- writing and closing ------------------------------------------------------------------
 
@@ -423,18 +408,6 @@ class FrontProtocol(asyncio.Protocol):
             if self._closed:
                 raise ConnectionResetError("client closed the connection")
 
-    def _reject(self, error: GatewayError) -> None:
-        """Answer a request the parser or a limit refused, then close: the rest is not worth reading."""
-        self._msg = None
-        self._queue.clear()
-        if self.task is not None:  # an earlier pipelined response is still being written: just cut
-            self.abort()
-            return
-        self._disarm()
-        if self.transport is not None and not self._closed:
-            self.transport.write(error_bytes(error))
-        self.abort(graceful=True)
-
     def _arm(self, after_s: float, message: str) -> None:
         self._disarm()
         self._timer = self._loop.call_later(after_s, self._timed_out, message)
@@ -446,8 +419,8 @@ class FrontProtocol(asyncio.Protocol):
 
     def _timed_out(self, message: str) -> None:
         self._timer = None
-        if self.task is None:
-            self._reject(RequestTimeout(message))
+        if self.task is None and not self._closed:  # timers run only while a request is being read
+            self._refuse(RequestTimeout(message), self._reader.message)
 
     def abort(self, *, graceful: bool = False) -> None:
         """Close the connection: `graceful` after what was written is sent, else at once."""
@@ -459,4 +432,3 @@ class FrontProtocol(asyncio.Protocol):
                 self.transport.close()
             else:
                 self.transport.abort()
-

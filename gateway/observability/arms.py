@@ -74,4 +74,4 @@ class ArmMetrics:
         if o.ttft_s is not None:
             s.ttft.observe(o.ttft_s)
         if o.gaps is not None and o.gaps.count:
-            s.itl.merge(o.gaps.buckets, o.gaps.sum)
+            s.itl.observe_counted(((c.value, c.count) for c in o.gaps.hist.cells.values()), o.gaps.sum)

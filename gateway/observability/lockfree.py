@@ -39,13 +39,11 @@ class HistogramChild:
             total += v
         self.sum += total
 
-    def merge(self, counts: list[int], total: float) -> None:
-        """Add observations already counted per bucket (the same bounds as this histogram's)."""
-        mine = self.counts
-        if len(counts) != len(mine):
-            raise ValueError("histogram bounds differ")
-        for i, n in enumerate(counts):
-            mine[i] += n
+    def observe_counted(self, values: Iterable[tuple[float, int]], total: float) -> None:
+        """Add `n` observations of each `(value, n)`, whose sum is `total`."""
+        bounds, counts = self.bounds, self.counts
+        for v, n in values:
+            counts[bisect_left(bounds, v)] += n
         self.sum += total
 
 
@@ -60,6 +58,10 @@ class _Family(Generic[C]):
 
     def _child(self) -> C:
         raise NotImplementedError
+
+    def children(self) -> dict[tuple[str, ...], C]:
+        """Every labelled child created so far, by label values (do not modify)."""
+        return self._children
 
     def labels(self, *values: str) -> C:
         child = self._children.get(values)

@@ -30,6 +30,8 @@ GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960)
 # |expected - reported| cached tokens: 0 is an exact prediction; engine blocks are 1-128 tokens
 PREDICTION_ERROR_BUCKETS = (0, 1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+# endpoints that are neither generation nor pooling: counted, but kept out of latency and tokens
+AUXILIARY = frozenset({"tokenize", "detokenize"})
 
 
 @dataclass(slots=True)
@@ -48,6 +50,7 @@ class _Series:
     genai_output: HistogramChild
     statuses: dict[str, CounterChild]
     genai_durations: dict[str, HistogramChild]
+    endpoints: dict[tuple[str, str], CounterChild]
 
 
 class Recorder:
@@ -79,6 +82,12 @@ class Recorder:
             return c
 
         self.requests = counter("gateway_requests", "Requests by outcome.", (*base, "status"))
+        self.endpoint_requests = counter(
+            "gateway_endpoint_requests", "Requests by route, endpoint and outcome.", ("model", "endpoint", "status"))
+        self.ab_excluded_requests = counter(
+            "gateway_ab_excluded_requests",
+            "Requests of split routes that are not A/B samples (only some arms can serve them, or no generation).",
+            ("model", "reason"))
         self.tokens = counter("gateway_tokens", "Tokens by kind.", (*base, "kind"))
 
         self.ttft = histogram(
@@ -165,6 +174,7 @@ class Recorder:
                 genai_output=self.genai_tokens.labels(*genai, "output"),
                 statuses={},
                 genai_durations={},
+                endpoints={},
             )
         return series
 
@@ -177,6 +187,15 @@ class Recorder:
         if status is None:
             status = s.statuses[o.status] = self.requests.labels(*key, o.status)
         status.inc()
+        by_endpoint = s.endpoints.get((o.endpoint, o.status))
+        if by_endpoint is None:
+            by_endpoint = s.endpoints[(o.endpoint, o.status)] = self.endpoint_requests.labels(
+                o.model, o.endpoint, o.status)
+        by_endpoint.inc()
+        if o.endpoint in AUXILIARY:
+            for observe in self.observers:
+                observe(o)
+            return
         s.duration.observe(o.duration_s)
         error_type = "" if o.status[0] == "2" else o.status
         genai_duration = s.genai_durations.get(error_type)
@@ -199,7 +218,7 @@ class Recorder:
             if usage is not None and usage.completion_tokens > 1:
                 s.genai_tpot.observe(max(o.duration_s - o.ttft_s, 0.0) / (usage.completion_tokens - 1))
         if o.gaps is not None and o.gaps.count:
-            s.itl.merge(o.gaps.buckets, o.gaps.sum)
+            s.itl.observe_counted(((c.value, c.count) for c in o.gaps.hist.cells.values()), o.gaps.sum)
         if o.sla is not None:
             self.sla.labels(o.backend, o.runtime, o.sla).inc()
         expected = o.expected_cached_tokens
@@ -223,6 +242,9 @@ class Recorder:
 
     def decision(self, model: str, policy: str, reason: str) -> None:
         self.decisions.labels(model, policy, reason).inc()
+
+    def ab_excluded(self, model: str, reason: str) -> None:
+        self.ab_excluded_requests.labels(model, reason).inc()
 
     def arm_assigned(self, model: str, arm: str, *, failed_over_from: str | None) -> None:
         self.arm_requests.labels(model, arm).inc()

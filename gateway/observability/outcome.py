@@ -3,51 +3,109 @@ statistics and per-key accounting are all fed from (`proxy.accounting` builds it
 
 from __future__ import annotations
 
-import random
-from bisect import bisect_left
+import math
 from collections.abc import Iterable
+from typing import Final
 
 from backends.base import Usage
 from backends.values import value
 
-from .reservoir import Reservoir
-
 NONE = "none"  # the label of what is not known (unroutable requests: no backend, runtime or route)
 
 # Inter-token latency histogram bounds, shared by the Prometheus family and each stream's own counts.
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
-GAP_SAMPLE = 16  # inter-token gaps each stream keeps for the live percentiles (a uniform sample)
+ITL_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+# The live percentiles' resolution: log-spaced cells 2% wide, so a percentile read from the cells is
+# within 1% of the exact one (and exact while a cell holds one distinct value).
+CELL_BASE = 1.02
+_LOG_BASE = math.log(CELL_BASE)
+
+
+class Cell:
+    """One log-spaced cell of a GapHistogram: how many gaps, the smallest and the largest."""
+
+    __slots__ = ("count", "hi", "lo")
+
+    def __init__(self, count: int, lo: float, hi: float) -> None:
+        self.count = count
+        self.lo = lo
+        self.hi = hi
+
+    @property
+    def value(self) -> float:
+        """What the cell's gaps are read as: its one value, or its middle clamped to what it saw."""
+        if self.lo == self.hi:
+            return self.lo
+        return min(max(math.sqrt(self.lo * self.hi), self.lo), self.hi)
+
+
+class GapHistogram:
+    """Inter-token gaps as counts in log-spaced cells: O(distinct cells) memory, exact counts, merged
+    by adding counts. Each cell also keeps the smallest and largest gap it saw, so a cell that only
+    ever saw one value reports it exactly. The per-token cost is a log, and a dict lookup only when
+    the gap falls in another cell than the last one."""
+
+    __slots__ = ("_last", "_last_i", "cells", "count")
+
+    def __init__(self) -> None:
+        self.cells: dict[int, Cell] = {}
+        self.count = 0
+        self._last_i = 1 << 62  # the cell of the last gap, and the cell itself
+        self._last: Cell | None = None
+
+    def add(self, gap_s: float, times: int = 1) -> None:
+        self.count += times
+        i = math.floor(math.log(gap_s) / _LOG_BASE) if gap_s > 0 else -(1 << 30)
+        cell = self._last if i == self._last_i else self.cells.get(i)
+        if cell is None:
+            cell = self.cells[i] = Cell(times, gap_s, gap_s)
+        else:
+            cell.count += times
+            if gap_s < cell.lo:
+                cell.lo = gap_s
+            elif gap_s > cell.hi:
+                cell.hi = gap_s
+        self._last_i, self._last = i, cell
+
+    def merge(self, other: GapHistogram) -> None:
+        self.count += other.count
+        cells = self.cells
+        for i, c in other.cells.items():
+            cell = cells.get(i)
+            if cell is None:
+                cells[i] = Cell(c.count, c.lo, c.hi)
+            else:
+                cell.count += c.count
+                if c.lo < cell.lo:
+                    cell.lo = c.lo
+                if c.hi > cell.hi:
+                    cell.hi = c.hi
 
 
 class Gaps:
-    """One stream's inter-token gaps in O(1) memory, however long the stream: their count and sum,
-    their counts per `ITL_BUCKETS` bucket (merged exactly into the Prometheus histogram) and a
-    uniform sample of `GAP_SAMPLE` (merged into the statistics windows, weighted by what it stands
-    for)."""
+    """One stream's inter-token gaps in O(1) memory, however long the stream: their count, sum and a
+    `GapHistogram`, from which the Prometheus histogram and the statistics windows are fed at the end
+    (a cell that straddles a Prometheus bound counts on the side of its value: within the cells' 2%)."""
 
-    __slots__ = ("buckets", "count", "rng", "sample", "sum")
+    __slots__ = ("count", "hist", "sum")
 
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
+    def __init__(self) -> None:
         self.count = 0
         self.sum = 0.0
-        self.buckets = [0] * (len(ITL_BUCKETS) + 1)  # the last: above every bound
-        self.sample = Reservoir(GAP_SAMPLE)
+        self.hist = GapHistogram()
 
     def add(self, gap_s: float, times: int = 1) -> None:
         """`times` gaps of `gap_s` each (tokens that arrived together share the interval before them)."""
         self.count += times
         self.sum += gap_s * times
-        self.buckets[bisect_left(ITL_BUCKETS, gap_s)] += times
-        self.sample.add_many(gap_s, times, self.rng)
+        self.hist.add(gap_s, times)
 
     @property
     def mean_s(self) -> float | None:
         return self.sum / self.count if self.count else None
 
     @classmethod
-    def of(cls, gaps_s: Iterable[float], rng: random.Random | None = None) -> Gaps:
-        gaps = cls(rng if rng is not None else random.Random(0))
+    def of(cls, gaps_s: Iterable[float]) -> Gaps:
+        gaps = cls()
         for gap in gaps_s:
             gaps.add(gap)
         return gaps
@@ -78,3 +136,4 @@ class Outcome:
     # which prefix index said so ("exact": the engine's KV events, "approximate": what was sent)
     expected_cached_tokens: int | None = None
     prediction: str | None = None
+    endpoint: str = "chat"  # `backends.base.Endpoint`: chat, completions, responses, embeddings, tokenize, ...

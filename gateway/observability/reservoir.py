@@ -30,7 +30,7 @@ class Reservoir:
     def add(self, value: float, rng: random.Random) -> None:
         self.seen += 1
         if self.seen == self._next:
-            self.values[rng.randrange(self.cap)] = value
+            self.values[int(rng.random() * self.cap)] = value  # not randrange: interpreted, ~1 µs a call
             self._advance(rng)
         elif len(self.values) < self.cap:
             self.values.append(value)
@@ -48,27 +48,3 @@ class Reservoir:
     def weight(self) -> float:
         """How many observed samples each retained sample stands for."""
         return self.seen / len(self.values) if self.values else 0.0
-
-    def add_many(self, value: float, times: int, rng: random.Random) -> None:
-        """`times` observations of `value`: the same as `times` calls of `add`, in O(1 + kept)."""
-        while times > 0:
-            if len(self.values) < self.cap:
-                self.add(value, rng)
-                times -= 1
-                continue
-            skip = self._next - self.seen - 1  # observations before the next one that is kept
-            if skip >= times:
-                self.seen += times
-                return
-            self.seen += skip
-            times -= skip + 1
-            self.add(value, rng)  # the kept one
-
-    def absorb(self, other: Reservoir, rng: random.Random) -> None:
-        """Add what `other` saw, each of its retained values standing for its share of `other.seen`."""
-        kept = len(other.values)
-        if not kept:
-            return
-        base, extra = divmod(other.seen, kept)
-        for i, value in enumerate(other.values):
-            self.add_many(value, base + (i < extra), rng)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from backends.base import Usage
+from backends.base import Endpoint, Usage
 
 from ..observability.metrics import Recorder
 from ..observability.outcome import NONE, Outcome
@@ -29,6 +29,8 @@ from .exchange import Exchange, sla_outcome
 
 # statuses of responses an engine produced (its usage then corrects the prefix memory)
 RESPONSE_STARTED = frozenset({"200", "stream_error", "stream_timeout", "client_closed"})
+# endpoints that run no generation or pooling: nothing to charge when their answer is lost
+NO_TOKENS = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})
 
 KeyCharge = Callable[[ApiKey, Outcome], None]
 
@@ -78,7 +80,7 @@ class Accounting:
         elif usage is not None:
             generation = duration  # a non-streaming answer's tokens came at some point in its duration
         estimated = False
-        if usage is None and ex.engine_worked:
+        if usage is None and ex.engine_worked and ex.endpoint not in NO_TOKENS:
             usage = Usage(prompt_tokens=ex.features.prompt_tokens, completion_tokens=stream.tokens if stream else 0)
             estimated = True
         state = ex.last
@@ -107,7 +109,7 @@ class Accounting:
             ttft,
             gaps,
             reason=ex.decision.reason if ex.decision else NONE,
-            arm=ex.arm,
+            arm=ex.arm if ex.ab_excluded is None else None,  # not an A/B sample: kept out of the arms' figures
             sla=sla_outcome(ex.features.sla, ok=ex.status == "200", ttft_s=ttft, gaps=gaps, duration_s=duration,
                             usage=usage),
             finished_at=now,
@@ -115,6 +117,7 @@ class Accounting:
             generation_s=generation,
             expected_cached_tokens=expected,
             prediction=prediction,
+            endpoint=ex.endpoint.value,
         )
         self._recorder.record(outcome)
         if ex.key is not None and self._charge_key is not None:

@@ -22,7 +22,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backends.base import TranslationError
+from backends.base import Adapter, TranslationError
+from backends.responses_bridge import ResponsesBridge
 
 from ..client import (
     UpstreamConnectError,
@@ -47,6 +48,7 @@ from ..errors import (
     NoHealthyBackend,
     SlaUnattainable,
     UpstreamError,
+    retry_after,
 )
 from ..observability.metrics import Recorder
 from ..routing import RouteRequest, RoutingState, decide
@@ -67,6 +69,7 @@ class Opened:
     state: BackendState
     resp: UpstreamResponse
     first: bytes  # streams: the first bytes read; non-streams: the whole body
+    adapter: Adapter  # what built the request and reads the answer (the backend's, or the Responses bridge)
 
 
 class map_client_errors:  # used like a function; a class builds no generator per request
@@ -98,7 +101,7 @@ class map_client_errors:  # used like a function; a class builds no generator pe
 def exhausted(exc: BackendError) -> GatewayError:
     """What the client gets when the last attempt failed this way."""
     if isinstance(exc, BackendOverloaded):
-        return UpstreamError(exc.status, exc.error, headers={"Retry-After": "1"})
+        return UpstreamError(exc.status, exc.error, headers=retry_after(1))
     if isinstance(exc, BackendTimeout):
         return GatewayTimeout(f"The backend did not answer in time ({exc.backend}).")
     if isinstance(exc, BackendConnectError):
@@ -136,7 +139,8 @@ class Attempts:
 
     async def open(self, route: RouteState, ex: Exchange, candidates: list[str], *, shadow: bool = False) -> Opened:
         """The first attempt that opens, or the GatewayError the client gets. `shadow` requests are
-        not counted in the client-facing routing metrics."""
+        not counted in the client-facing routing metrics. `candidates` may name discovery pools."""
+        candidates = self._pool.expand(candidates)
         attempts = 0
         while True:
             state = self._decide(route, ex, candidates, count=not shadow)
@@ -182,10 +186,11 @@ class Attempts:
         resp: UpstreamResponse | None = None
         state.in_flight += 1
         ex.sent_at = self._clock()
+        adapter: Adapter = ResponsesBridge(state.adapter) if state.name in ex.bridged else state.adapter
         try:
             try:
-                upstream = state.adapter.build_request(parsed.request, model=state.config.model,
-                                                       request_id=ex.upstream_id)
+                upstream = adapter.build_request(parsed.request, model=state.config.model,
+                                                 request_id=ex.upstream_id)
             except TranslationError as untranslatable:
                 raise InvalidRequest(str(untranslatable)) from untranslatable
             deadline = self._deadlines.after(self._timeouts.first_token_s if stream else self._timeouts.total_s)
@@ -214,7 +219,7 @@ class Attempts:
             raise
         if stream and ex.ticket is not None:
             self._routing.first_token(ex.ticket, self._clock() - ex.sent_at)
-        return Opened(state, resp, first)
+        return Opened(state, resp, first, adapter)
 
     def _upstream_error(self, state: BackendState, status: int, body: bytes, ex: Exchange) -> None:
         error = state.adapter.normalise_error(status, body)

@@ -35,11 +35,13 @@ class Dispatcher:
         try:
             key = ex.key = self._guard.authenticate(headers)
             if key is not None:
-                self._guard.limit(key)
+                ex.rate_headers = await self._guard.limit(key) or None
             generation.proxy.parse(ex, body, headers)
             await generation.proxy.serve(ex, headers, sink)
         except GatewayError as exc:
             ex.status = str(exc.status)
+            if ex.rate_headers:  # the key's budgets go with every answer, errors included
+                exc.headers = {**ex.rate_headers, **exc.headers}
             raise
         except (asyncio.CancelledError, ConnectionError):
             stream = ex.stream
@@ -53,5 +55,5 @@ class Dispatcher:
             self._accounting.finish(ex)
             self._generations.leave(generation)
 
-    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+    def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
         self._accounting.finish(Exchange(request_id or "", endpoint, self._clock(), status=str(status)))

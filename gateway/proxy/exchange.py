@@ -11,18 +11,24 @@ from backends.base import Endpoint, Usage
 from ..errors import BackendError
 from ..observability.outcome import NONE, Gaps
 from ..routing import NO_FEATURES, Decision, RequestFeatures, SlaTarget
+from ..routing.capabilities import Needs
 from ..routing.state import Ticket
 from ..settings import ApiKey
 from ..state.pool import BackendState, Pool
 from .request import ParsedRequest
 from .sse import StreamStats
 
-_IDS = random.Random()  # seeded from os.urandom once; request ids need uniqueness, not secrecy
+# Request ids need uniqueness, not secrecy: 64 random bits per process (from os.urandom, once) and a
+# counter. A counter's decimal digits cost a fraction of formatting a random 128-bit number.
+_PROCESS = f"{random.SystemRandom().getrandbits(64):016x}-"
+_issued = 0
 
 
 def new_request_id() -> str:
-    """32 hex digits, like a uuid4 without the syscall that os.urandom costs on every request."""
-    return f"{_IDS.getrandbits(128):032x}"
+    """Unique across processes and within one (`<16 hex digits>-<n>`), without a syscall per request."""
+    global _issued
+    _issued += 1
+    return _PROCESS + str(_issued)
 
 
 def request_id(client_value: str | None) -> str:
@@ -47,7 +53,12 @@ class Exchange:
     key: ApiKey | None = None
     parsed: ParsedRequest | None = None
     features: RequestFeatures = NO_FEATURES
+    needs: Needs | None = None  # what the request needs from a backend (`routing.capabilities`)
+    capable: tuple[str, ...] = ()  # the route's backends that can serve it
+    bridged: frozenset[str] = frozenset()  # ... of which these serve it through the Responses-to-chat bridge
     arm: str | None = None
+    ab_excluded: str | None = None  # why this request is not an A/B sample (e.g. only one arm can serve it)
+    rate_headers: dict[str, str] | None = None  # the key's x-ratelimit-* headers
     tried: set[str] = field(default_factory=set)
     last: BackendState | None = None  # the backend of the latest attempt
     upstream_id: str = ""  # the id the latest attempt was sent upstream with
@@ -58,6 +69,7 @@ class Exchange:
     engine_worked: bool = False  # the latest attempt reached an engine that may have generated
     usage: Usage | None = None  # the engine's usage (non-streaming responses)
     stream: StreamStats | None = None  # what the SSE relay measured (streams)
+    response_id: str | None = None  # a Responses answer's id (stored responses are routed back to it)
     # the backend's verdict on the response it opened (outlier detection): True served, False failed,
     # None not the backend's doing (the client left, the gateway's own deadline)
     verdict: bool | None = None

@@ -7,11 +7,11 @@ started, a failure ends it with an OpenAI error event and `[DONE]`; it is never 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
-from backends.base import ErrorBody, UpstreamFormatError
+from backends.base import Endpoint, ErrorBody, UpstreamFormatError
 
+from .. import json_codec
 from ..errors import BackendError, BackendProtocolError, BackendTimeout, BadGateway
 from ..observability.outcome import NONE
 from ..settings import Timeouts
@@ -19,16 +19,13 @@ from ..state.pool import BackendState
 from .attempts import Opened, map_client_errors
 from .deadlines import Deadlines
 from .exchange import Exchange
+from .responses_sse import ResponsesSseRelay
 from .sink import ResponseSink
-from .sse import DONE, SseFramingError, SseRelay, error_event
+from .sse import SseFramingError, SseRelay, StreamRelay
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 # error types a backend uses for the client's mistakes: an error event of these is not the backend failing
 _CLIENT_ERROR_TYPES = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
-
-
-class ClientGone(Exception):
-    """The client closed its connection while we were writing to it."""
 
 
 def response_headers(state: BackendState, ex: Exchange, content_type: str) -> dict[str, str]:
@@ -43,66 +40,82 @@ def response_headers(state: BackendState, ex: Exchange, content_type: str) -> di
         headers["x-gateway-arm"] = ex.arm
     if ex.ticket is not None:  # what routing expected the engine to serve from its prefix cache
         headers["x-gateway-expected-cached-tokens"] = str(ex.ticket.expected_tokens)
+    if ex.rate_headers:
+        headers.update(ex.rate_headers)
     return headers
+
+
+def _response_id(body: bytes) -> str | None:
+    try:
+        obj = json_codec.loads(body)
+    except json_codec.JSONDecodeError:
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) else None
 
 
 class Relay:
     def __init__(
-        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float], rng: random.Random
+        self, deadlines: Deadlines, *, timeouts: Timeouts, clock: Callable[[], float]
     ) -> None:
         self._deadlines = deadlines
         self._timeouts = timeouts
         self._clock = clock
-        self._rng = rng
 
     def body(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
         try:
-            translated = state.adapter.translate_response(
+            translated = opened.adapter.translate_response(
                 parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=ex.request_id
             )
         except UpstreamFormatError as exc:
             ex.status, ex.verdict = "502", False
             raise BadGateway(f"The backend's response could not be read: {exc}") from exc
         ex.usage = translated.usage
+        if ex.endpoint is Endpoint.RESPONSES:
+            ex.response_id = _response_id(translated.body)
         ex.status, ex.verdict = str(opened.resp.status), True
         sink.send(opened.resp.status, response_headers(state, ex, "application/json"), translated.body)
 
     async def stream(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
-        translator = state.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
-        relay = SseRelay(
-            backend_model=parsed.model if translator is not None else state.config.model,
-            client_model=parsed.model,
-            include_usage=parsed.request.include_usage,
-            rng=self._rng,
-        )
+        translator = opened.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
+        backend_model = parsed.model if translator is not None else state.config.model
+        relay: StreamRelay
+        if ex.endpoint is Endpoint.RESPONSES:
+            relay = ResponsesSseRelay(backend_model=backend_model, client_model=parsed.model)
+        else:
+            relay = SseRelay(backend_model=backend_model, client_model=parsed.model,
+                             include_usage=parsed.request.include_usage)
         ex.stream = relay.stats
+
         clock = self._clock
-
-        def translate(data: bytes) -> bytes:
-            return relay.feed(translator.feed(data) if translator is not None else data, clock())
-
-        async def send(data: bytes) -> None:
-            if data:
-                try:
-                    await sink.write(data)
-                except ConnectionError as gone:
-                    raise ClientGone from gone
-
         ex.status = "200"
         try:
             try:
                 # The response head leaves with the first events, in one write.
-                await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), translate(opened.first))
+                first = translator.feed(opened.first) if translator is not None else opened.first
+                await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), relay.feed(first, clock()))
                 remaining = self._timeouts.total_s - (clock() - ex.started)
                 with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
-                    async for data in opened.resp:
-                        await send(translate(data))
+                    # per read: one call into the relay and one write (a ConnectionError from the
+                    # write is the client gone: it passes the error mapping untouched)
+                    if translator is None:
+                        async for data in opened.resp:
+                            out = relay.feed(data, clock())
+                            if out:
+                                await sink.write(out)
+                    else:
+                        async for data in opened.resp:
+                            out = relay.feed(translator.feed(data), clock())
+                            if out:
+                                await sink.write(out)
                 tail = relay.feed(translator.close(), clock()) if translator is not None else b""
-                await send(tail + relay.close(clock()))
+                tail += relay.close(clock())
+                if tail:
+                    await sink.write(tail)
                 if relay.stats.error is not None:
                     ex.status = "stream_error"
                     ex.verdict = None if relay.stats.error.type in _CLIENT_ERROR_TYPES else False
@@ -110,19 +123,21 @@ class Relay:
                     raise BackendProtocolError(state.name, "stream ended before [DONE]")
                 else:
                     ex.verdict = True
+                if isinstance(relay, ResponsesSseRelay):
+                    ex.response_id = relay.response_id
             except BackendTimeout:  # the gateway's total deadline, not the backend failing
                 ex.status = "stream_timeout"
-                await send(error_event(ErrorBody(
+                await sink.write(relay.error_tail(ErrorBody(
                     message=f"The request exceeded the gateway's total time limit ({self._timeouts.total_s:g} s).",
-                    type="server_error", code="timeout")) + DONE)
+                    type="server_error", code="timeout")))
             except (BackendError, SseFramingError) as exc:
                 ex.status, ex.verdict = "stream_error", False
                 detail = exc.detail if isinstance(exc, BackendError) else str(exc)
-                await send(error_event(ErrorBody(
+                await sink.write(relay.error_tail(ErrorBody(
                     message=f"The backend failed mid-stream ({detail}).", type="server_error",
-                    code="upstream_stream_error")) + DONE)
+                    code="upstream_stream_error")))
             await sink.end()
-        except (ClientGone, ConnectionError):
+        except ConnectionError:
             if relay.stats.done and ex.status == "200":  # a client may hang up right after [DONE]: served
                 ex.verdict = True
             else:

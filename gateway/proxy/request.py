@@ -17,6 +17,7 @@ from ..errors import InvalidRequest
 
 MAX_N = 128
 MAX_TOKENS = 10_000_000
+STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
 
 
 @value
@@ -33,6 +34,25 @@ def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> None:
         raise InvalidRequest(f"'{name}' must be an integer, got {type(value).__name__}", param=name)
     if not lo <= value <= hi:
         raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
+
+
+def _non_empty(value: object) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and bool(value))
+
+
+def _check_other(body: dict[str, Any], endpoint: Endpoint) -> None:
+    """The fields routing needs on the endpoints beyond chat and completions."""
+    if endpoint is Endpoint.RESPONSES or endpoint is Endpoint.EMBEDDINGS:
+        if not _non_empty(body.get("input")):
+            raise InvalidRequest("'input' is required and must be a string or a non-empty array", param="input")
+    elif endpoint is Endpoint.TOKENIZE:
+        messages = body.get("messages")
+        if not _non_empty(body.get("prompt")) and not (isinstance(messages, list) and messages):
+            raise InvalidRequest("'prompt' (a string or an array) or 'messages' is required", param="prompt")
+    elif endpoint is Endpoint.DETOKENIZE:
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidRequest("'tokens' is required and must be an array of integers", param="tokens")
 
 
 def parse_request(raw: bytes, endpoint: Endpoint, *, created: int = 0) -> ParsedRequest:
@@ -52,20 +72,23 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, created: int = 0) -> Parsed
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
                 raise InvalidRequest(f"'messages.{i}' must be an object with a string 'role'", param="messages")
-    else:
+    elif endpoint is Endpoint.COMPLETIONS:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
             raise InvalidRequest("'prompt' is required and must be a string or an array", param="prompt")
+    else:
+        _check_other(body, endpoint)
     stream = body.get("stream", False)
-    if stream is None:
-        stream = False
+    if stream is None or endpoint not in STREAMING:
+        stream = False  # embeddings and tokenize answer in one body whatever the client asked
     if not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean", param="stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    include_usage = bool(stream and options and options.get("include_usage"))
+    include_usage = bool(stream and options and options.get("include_usage")) and endpoint is not Endpoint.RESPONSES
     _int_field(body, "n", 1, MAX_N)
+    _int_field(body, "max_output_tokens", 1, MAX_TOKENS)
     _int_field(body, "max_tokens", 1, MAX_TOKENS)
     _int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     return ParsedRequest(

@@ -13,18 +13,27 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
+
+from backends.base import Endpoint
+from backends.capabilities import Feature
+from backends.responses_chat import chat_view
 
 from ..client import UpstreamPool
 from ..errors import InvalidRequest, ModelNotFound, NoHealthyBackend
 from ..observability.metrics import Recorder
 from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
+from ..routing.capabilities import needs
 from ..routing.features import api_key_digest
+from ..routing.registry import PREFIX_POLICIES
+from ..routing.response_owners import ResponseOwners
 from ..settings import Settings
 from ..state.pool import Pool
 from ..state.splits import Splits
 from ..tokenize import PromptTokenizer
 from .accounting import Accounting
 from .attempts import Attempts
+from .capable import Capabilities
 from .deadlines import Deadlines
 from .exchange import Exchange
 from .relay import Relay
@@ -32,6 +41,23 @@ from .request import parse_request
 from .routes import RouteState
 from .shadow import Shadows
 from .sink import ResponseSink
+
+_NOT_SAMPLES = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})  # no generation to compare
+_GENERATIONS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
+
+
+def routing_view(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[Mapping[str, Any], Endpoint]:
+    """What `describe` hashes for each endpoint: a Responses request as the chat messages it stands
+    for (so it shares prefix affinity with chat), embeddings as a prompt, tokenize as nothing (the
+    engine computes no KV for it, so no prefix memory may be learned from it)."""
+    if endpoint is Endpoint.CHAT or endpoint is Endpoint.COMPLETIONS:
+        return body, endpoint
+    user = body.get("user")
+    if endpoint is Endpoint.RESPONSES:
+        return {**chat_view(body), "user": user}, Endpoint.CHAT
+    if endpoint is Endpoint.EMBEDDINGS:
+        return {"prompt": body.get("input"), "user": user}, Endpoint.COMPLETIONS
+    return {"prompt": "", "user": user}, Endpoint.COMPLETIONS
 
 
 class Proxy:
@@ -49,12 +75,16 @@ class Proxy:
         throughput: Callable[[str], float | None] | None = None,
         routing: RoutingState | None = None,
         splits: Splits | None = None,
+        owners: ResponseOwners | None = None,
         tokenizers: Mapping[str, PromptTokenizer] | None = None,
     ) -> None:
         """`throughput(backend)` gives measured output tokens/s (for the cost policy); `routing` (the
-        routing memory) and `splits` (live A/B weights) are passed in so that they survive reloads;
-        `tokenizers` are the routes' tokenizers by route model (`tokenize.resolve_tokenizers`)."""
+        routing memory), `splits` (live A/B weights) and `owners` (which backend stores which
+        response) are passed in so that they survive reloads; `tokenizers` are the routes'
+        tokenizers by route model (`tokenize.resolve_tokenizers`)."""
         self.pool = pool
+        self.capabilities = Capabilities(settings, lambda name: pool[name].config)
+        self.owners = owners if owners is not None else ResponseOwners()
         self._recorder = recorder
         self._clock = clock
         self._wall_clock = wall_clock
@@ -67,12 +97,13 @@ class Proxy:
             for r in settings.routes
         }
         self.routing = routing if routing is not None else RoutingState()
+        self._hash_prompts = any(r.policy in PREFIX_POLICIES for r in settings.routes)
         deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
         self._attempts = Attempts(
             pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,
             max_attempts=settings.retries.max_attempts, clock=clock, rng=rng, throughput=throughput,
         )
-        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock, rng=rng)
+        self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock)
         self.shadows = Shadows(self._attempts, recorder, self.routing, deadlines, timeouts=settings.timeouts,
                                clock=clock, rng=rng)
 
@@ -105,15 +136,25 @@ class Proxy:
                 f"The model `{parsed.model}` does not exist. Available models: {', '.join(visible)}.", param="model"
             )
         ex.model = parsed.model
-        tokenizer = self._routes[parsed.model].tokenizer
-        request = parsed.request.body
-        tokens = tokenizer.prompt(request, ex.endpoint) if tokenizer is not None else None
+        state = self._routes[parsed.model]
+        route = state.config
+        fields = parsed.request.body
+        need = ex.needs = needs(fields, ex.endpoint)
+        capable = self.capabilities.capable(route, self.pool.expand(route.candidates), need)
+        owner = self.owners.owner(fields.get("previous_response_id")) if ex.endpoint is Endpoint.RESPONSES else None
+        ex.capable = (owner,) if owner is not None and owner in capable.backends else capable.backends
+        ex.bridged = capable.bridged
+        request, endpoint = routing_view(fields, ex.endpoint)
+        tokenizer = state.tokenizer
+        # the engine's prompt tokens, for generations only (no KV is computed for tokenize, and
+        # pooling models do not reuse a prefix cache routing could predict)
+        tokens = tokenizer.prompt(request, endpoint) if tokenizer is not None and ex.endpoint in _GENERATIONS else None
         try:
-            ex.features = describe(request, ex.endpoint, headers, tokens=tokens)
+            ex.features = describe(request, endpoint, headers, tokens=tokens, hash_prompt=self._hash_prompts)
         except BadRoutingHeader as bad:
             raise InvalidRequest(str(bad), param=bad.header) from bad
         if tokens is not None:
-            self.routing.prepare(ex.features, self._routes[parsed.model].config.candidates)
+            self.routing.prepare(ex.features, ex.capable)
 
     async def serve(self, ex: Exchange, headers: Mapping[str, str], sink: ResponseSink) -> None:
         """Serve a parsed request; the response goes to `sink`. GatewayErrors raised mean nothing was
@@ -128,6 +169,9 @@ class Proxy:
                 await self._relay.stream(sink, opened, ex)
             else:
                 self._relay.body(sink, opened, ex)
+            if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
+                    self.capabilities.of(opened.state.name, route.config):
+                self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
         finally:
             opened.resp.close()
             opened.state.in_flight -= 1
@@ -135,20 +179,38 @@ class Proxy:
     def _candidates(self, route: RouteState, ex: Exchange, headers: Mapping[str, str]) -> list[str]:
         """The backends this request may use: the route's, or its A/B arm's (chosen once)."""
         split = route.split
+        capable = ex.capable
         if split is None:
-            return route.config.candidates
+            return list(capable)
         sticky = ex.features.sticky_key
         if sticky is None and split.sticky == "api_key":
             digest = ex.key.id if ex.key is not None else api_key_digest(headers)
             sticky = "k:" + digest if digest else None
-        healthy = {s.name for s in self.pool if s.healthy}
+        excluded = None
+        if len(capable) < len(self.pool.expand(route.config.candidates)):  # only some backends can serve it
+            can = set(capable)
+            healthy = {s.name for s in self.pool if s.healthy and s.name in can}
+            healthy.update(g for g, members in self.pool.groups().items() if healthy.intersection(members))
+            if any(a.weight > 0 and not can.intersection(self.pool.expand(a.backends)) for a in split.arms):
+                stored = ex.needs is not None and Feature.STORED_RESPONSES in ex.needs.features
+                excluded = "stored_response" if stored else "capability"
+        else:
+            can = None
+            healthy = self.pool.healthy_names()  # arms may name discovery pools
+        if excluded is None and ex.endpoint in _NOT_SAMPLES:
+            excluded = "endpoint"
         choice = split.choose(sticky, healthy, self._rng)
         if choice is None:
             raise NoHealthyBackend(f"No arm of `{route.config.model}` has a healthy backend.")
         ex.arm = choice.arm
-        self._recorder.arm_assigned(route.config.model, choice.arm, failed_over_from=(
-            choice.preferred if choice.failed_over else None))
-        return list(split.arm(choice.arm).backends)
+        if excluded is not None:  # not an A/B sample: counted apart, kept out of the arms' statistics
+            ex.ab_excluded = excluded
+            self._recorder.ab_excluded(route.config.model, excluded)
+        else:
+            self._recorder.arm_assigned(route.config.model, choice.arm, failed_over_from=(
+                choice.preferred if choice.failed_over else None))
+        backends = split.arm(choice.arm).backends
+        return list(backends) if can is None else [b for b in self.pool.expand(backends) if b in can]
 
     async def close(self) -> None:
         await self.shadows.close()

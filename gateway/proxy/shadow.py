@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import Callable
 
-from backends.base import UpstreamFormatError, Usage
+from backends.base import Endpoint, UpstreamFormatError, Usage
 
 from ..client import UpstreamClientError
 from ..errors import BackendError, GatewayError
@@ -27,6 +27,7 @@ from ..settings import Timeouts
 from .attempts import Attempts
 from .deadlines import Deadlines
 from .exchange import Exchange
+from .responses_sse import ResponsesSseRelay
 from .routes import RouteState
 from .sse import SseFramingError, SseRelay
 
@@ -51,8 +52,11 @@ class Shadows:
         """Mirror `ex` to the route's shadow arm if this request is sampled."""
         split = route.split
         shadow = split.shadow if split is not None else None
-        if shadow is None or ex.arm == shadow.arm or not should_shadow(ex.request_id, shadow.fraction, self._rng):
+        if (shadow is None or ex.arm == shadow.arm or ex.ab_excluded is not None
+                or not should_shadow(ex.request_id, shadow.fraction, self._rng)):
             return
+        if split is not None and not set(ex.capable).intersection(split.arm(shadow.arm).backends):
+            return  # the shadow arm cannot serve this request
         task = asyncio.get_running_loop().create_task(self._run(route, shadow.arm, ex))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -71,12 +75,14 @@ class Shadows:
         assert origin.parsed is not None
         parsed = origin.parsed
         ex = Exchange(origin.request_id + "-shadow", origin.endpoint, self._clock(), model=origin.model,
-                      parsed=parsed, features=origin.features, arm=arm)
+                      parsed=parsed, features=origin.features, arm=arm, capable=origin.capable,
+                      bridged=origin.bridged)
+        backends = [b for b in route.split.arm(arm).backends if b in origin.capable]
         status = "error"
         usage: Usage | None = None
         try:
             with self._deadlines.after(self._timeouts.total_s):
-                opened = await self._attempts.open(route, ex, list(route.split.arm(arm).backends), shadow=True)
+                opened = await self._attempts.open(route, ex, backends, shadow=True)
                 try:
                     body = opened.first + (await opened.resp.read() if parsed.request.stream else b"")
                 finally:
@@ -85,13 +91,16 @@ class Shadows:
             status = str(opened.resp.status)
             state = opened.state
             if not parsed.request.stream:
-                usage = state.adapter.translate_response(
+                usage = opened.adapter.translate_response(
                     parsed.request, opened.resp.status, body, model=parsed.model, request_id=ex.request_id
                 ).usage
             else:
-                relay = SseRelay(backend_model=state.config.model, client_model=parsed.model, include_usage=True)
-                translator = state.adapter.stream_translator(parsed.request, model=parsed.model,
-                                                             request_id=ex.request_id)
+                relay: SseRelay | ResponsesSseRelay = (
+                    ResponsesSseRelay(backend_model=state.config.model, client_model=parsed.model)
+                    if ex.endpoint is Endpoint.RESPONSES
+                    else SseRelay(backend_model=state.config.model, client_model=parsed.model, include_usage=True))
+                translator = opened.adapter.stream_translator(parsed.request, model=parsed.model,
+                                                              request_id=ex.request_id)
                 data = translator.feed(body) + translator.close() if translator is not None else body
                 now = self._clock()
                 relay.feed(data, now)

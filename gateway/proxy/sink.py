@@ -31,7 +31,8 @@ class Entry(Protocol):
 
     Every generation request a front has identified (its request line names a generation endpoint) is
     reported exactly once: through `dispatch`, or, when the front refuses it before it is complete or
-    readable (400, 408, 413, 431), through `refused`. Either way it is counted once, in one place.
+    readable (400, 408, 413, 431) or its client leaves before it could be dispatched, through
+    `refused`. Either way it is counted once, in one place.
     """
 
     async def dispatch(
@@ -40,6 +41,7 @@ class Entry(Protocol):
         """Serve the request; GatewayErrors raised mean nothing was sent: the front renders them."""
         ...
 
-    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
-        """The front answered `status` itself before the request could be dispatched."""
+    def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
+        """The front answered `status` itself before the request could be dispatched (or, with
+        "client_closed", the client went away before it could be)."""
         ...

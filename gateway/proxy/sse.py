@@ -22,7 +22,6 @@ share it, k gaps of T / k, so engines that flush several tokens at once do not b
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from ..observability.outcome import Gaps
 
 DONE = b"data: [DONE]\n\n"
 MAX_EVENT_BYTES = 1024 * 1024  # a partial event larger than this is not an SSE stream we can relay
+MAX_TOKEN_TEXT = 64  # longest token text (as sent, escaped) the fast path takes; longer ones take the other
 _DATA = b"data:"
 _TEXT_KEYS = (b'"content":"', b'"text":"')  # where an ordinary chunk's generated text starts
 
@@ -63,6 +63,21 @@ def normalise_stream_error(payload: Any) -> ErrorBody:
     return ErrorBody(message=str(err or "An error occurred during streaming"), type="server_error")
 
 
+def _string_end(event: bytes, start: int) -> int:
+    """Where the JSON string that starts at `start` (just past its opening quote) closes, or -1."""
+    i = start
+    while True:
+        i = event.find(b'"', i)
+        if i < 0:
+            return -1
+        backslashes = 0
+        while event[i - 1 - backslashes] == 92:  # count the backslashes before this quote
+            backslashes += 1
+        if backslashes % 2 == 0:
+            return i
+        i += 1
+
+
 def _has_text(choice: object) -> bool:
     """Whether a streamed choice carries generated output (text, reasoning or a tool call)."""
     if not isinstance(choice, dict):
@@ -87,19 +102,39 @@ class StreamStats:
     done: bool = False
 
 
-class SseRelay:
+class StreamRelay:
+    """What the relay loop needs of an SSE relay: chat and completions chunks (`SseRelay`) or
+    Responses events (`responses_sse.ResponsesSseRelay`). A common base, so the loop's per-read
+    call is a native method call, not a call through a bound method of a union."""
+
+    stats: StreamStats
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        raise NotImplementedError
+
+    def close(self, now: float) -> bytes:
+        raise NotImplementedError
+
+    def error_tail(self, error: ErrorBody) -> bytes:
+        """What ends a stream that fails mid-way: an OpenAI error event and `[DONE]`."""
+        return error_event(error) + DONE
+
+
+class SseRelay(StreamRelay):
     def __init__(
-        self, *, backend_model: str, client_model: str, include_usage: bool, rng: random.Random | None = None
+        self, *, backend_model: str, client_model: str, include_usage: bool
     ) -> None:
         self._buf = b""
         self._cr: bool | None = None  # the stream uses CR line ends (decided on its first bytes)
         self._held_cr = False  # a CR ended the last read: it may be the first half of a CRLF
         self._include_usage = include_usage
         self._prefix: bytes | None = None  # how this stream's ordinary token events begin
+        self._client_prefix: bytes | None = None  # the same, as the client gets it (model renamed)
+        self._suffix = b""  # how they end, after the text (learned with the prefix)
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
-        self.stats = StreamStats(Gaps(rng if rng is not None else random.Random()))
+        self.stats = StreamStats(Gaps())
 
     def feed(self, data: bytes, now: float) -> bytes:
         """The complete events of `buffered + data`, as the client gets them."""
@@ -111,50 +146,76 @@ class SseRelay:
         if self._cr:
             data = self._lf(data)
         prefix = self._prefix
-        if (prefix is not None and not self._buf and data.startswith(prefix) and len(data) > len(prefix) + 2
-                and data[len(prefix)] != 34 and data.find(b"\n\n") == len(data) - 2):
-            self._tokens(1, now)  # the common read: one ordinary token event, nothing else
-            swap = self._swap
-            return data.replace(swap[0], swap[1], 1) if swap is not None else data
+        if prefix is not None and not self._buf:
+            # The common read: one ordinary token event and nothing else, told by its learned prefix
+            # and suffix and a text too short to hold another event (JSON escapes line ends, so an
+            # event boundary can only come from a second event, and an ordinary event is longer than
+            # MAX_TOKEN_TEXT). Slices and compares only: a bytes method called from compiled code
+            # costs as much as the rest of this path (a method lookup and argument parsing).
+            plen, slen, n = len(prefix), len(self._suffix), len(data)
+            if (plen < n - slen <= plen + MAX_TOKEN_TEXT and data[plen] != 34 and data[:plen] == prefix
+                    and data[n - slen:] == self._suffix):
+                self._tokens(1, now)
+                client = self._client_prefix
+                return data if client is None else client + data[plen:]
         buf = self._buf + data if self._buf else data
         end = buf.rfind(b"\n\n")
         if end < 0:
             self._keep(buf)
             return b""
         self._keep(buf[end + 2:])
-        out: list[bytes] = []
+        # Walk the complete events in place: ordinary token events are recognised by their prefix and
+        # stay where they are; only events that change (usage dropped, errors normalised) are cut out.
+        parts: list[bytes] | None = None  # the output in pieces, once anything differs from the input
+        copied = 0  # buf[:copied] is in `parts`
         tokens = 0
-        for event in buf[:end].split(b"\n\n"):
-            if not event:
+        pos = 0
+        stop = end + 2
+        plen = len(prefix) if prefix is not None else 0
+        while pos < stop:
+            if buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
+                pos += 1
                 continue
-            if (prefix is not None and event.startswith(prefix) and len(event) > len(prefix)
-                    and event[len(prefix)] != 34):
+            nxt = buf.find(b"\n\n", pos)
+            if prefix is not None and pos + plen < nxt and buf[pos:pos + plen] == prefix and buf[pos + plen] != 34:
                 tokens += 1
-                out.append(event)
+                pos = nxt + 2
                 continue
+            event = buf[pos:nxt]
             kept, is_token = self._event(event)
             if is_token:
                 tokens += 1
                 prefix = self._prefix
-            if kept is not None:
-                out.append(kept)
+                plen = len(prefix) if prefix is not None else 0
+            if kept is not event:
+                if parts is None:
+                    parts = []
+                parts.append(buf[copied:pos])
+                if kept is not None:
+                    parts.append(kept + b"\n\n")
+                copied = nxt + 2
+            pos = nxt + 2
         if tokens:
             self._tokens(tokens, now)
-        if not out:
-            return b""
-        out.append(b"")
-        joined = b"\n\n".join(out)
+        if parts is None:
+            out = buf[:stop] if stop < len(buf) else buf
+        else:
+            parts.append(buf[copied:stop])
+            out = b"".join(parts)
         swap = self._swap
-        return joined.replace(swap[0], swap[1]) if swap is not None else joined
+        return out.replace(swap[0], swap[1]) if swap is not None and out else out
 
     def close(self, now: float) -> bytes:
         """The end of the upstream stream: a last event that lacked its blank line is still relayed."""
         rest, self._buf = self._buf, b""
-        if self._held_cr:
+        if self._held_cr:  # the stream ended on a CR: it was a line end
             self._held_cr = False
+            rest += b"\n"
         if not rest.strip():
             return b""
-        return self.feed(rest + b"\n\n", now)
+        if not rest.endswith(b"\n\n"):
+            rest += b"\n" if rest.endswith(b"\n") else b"\n\n"
+        return self.feed(rest, now)
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -219,9 +280,21 @@ class SseRelay:
         return event, has_text
 
     def _learn(self, event: bytes) -> None:
-        """Remember how this stream's ordinary token events begin: up to where the text starts."""
+        """Remember how this stream's ordinary token events begin: up to where the text starts. When
+        the model is renamed, the fast path may only take events whose model name lies in the prefix."""
         for key in _TEXT_KEYS:
             at = event.find(key)
             if at > 0:
-                self._prefix = event[: at + len(key)]
+                start = at + len(key)
+                end = _string_end(event, start)
+                if end < 0:
+                    return
+                prefix = event[:start]
+                swap = self._swap
+                if swap is not None:
+                    if swap[0] not in prefix:
+                        return  # no fast path for this stream: the general path renames everywhere
+                    self._client_prefix = prefix.replace(swap[0], swap[1], 1)
+                self._prefix = prefix
+                self._suffix = event[end:] + b"\n\n"
                 return

@@ -110,19 +110,22 @@ def describe(
     template: str = "chatml",
     key_units: int = 1,
     tokens: TokenPrompt | None = None,
+    hash_prompt: bool = True,
 ) -> RequestFeatures:
     """The routing features of one request. Pure; raises BadRoutingHeader for unreadable hints.
 
     `key_units` is how many 16-token units of the prompt form the inferred rendezvous key (the
-    FIRST block by default); raise it when many tenants share a long boilerplate opening.
-    `tokens` are the engine's prompt tokens when the route has a tokenizer: they then count the
-    prompt and let routing use the engines' exact caches (the byte chain stays the fallback).
+    FIRST block by default); raise it when many tenants share a long boilerplate opening. Without
+    `hash_prompt` (no route's policy reads the prefix index) the block hashes are left out: the
+    chain is empty, and the prompt is only measured. `tokens` are the engine's prompt tokens when
+    the route has a tokenizer: they then count the prompt and let routing use the engines' exact
+    caches (the byte chain stays the fallback).
     """
     data, estimate = _prompt_bytes(body, endpoint, template)
     prefix_key = headers.get(PREFIX_KEY) or None
     session = headers.get(SESSION) or None
     seed = stable_hash("p:" + prefix_key) if prefix_key else 0
-    chain = chain_hashes(data, UNIT_CHARS, seed)
+    chain = chain_hashes(data, UNIT_CHARS, seed) if hash_prompt else ()
     if prefix_key:
         key: int | None = seed
     elif session:

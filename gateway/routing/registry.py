@@ -10,3 +10,7 @@ from .simple import LeastLoad, RoundRobin
 from .sla import Sla
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (RoundRobin(), LeastLoad(), PrefixAffinity(), Sla(), Cost())}
+
+# Policies that read the prefix index: where no route uses one, the gateway does not hash prompts or
+# keep the index at all (it would cost every request for nothing).
+PREFIX_POLICIES = frozenset({"prefix_affinity", "sla", "cost"})

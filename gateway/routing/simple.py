@@ -35,7 +35,11 @@ class LeastLoad:
             return None
         if len(candidates) == 1:
             return Decision(candidates[0].name, self.name)
-        a, b = rng.sample(candidates, 2)
+        # two distinct candidates from two draws of `random()` (C), not `rng.sample` (interpreted Python)
+        n = len(candidates)
+        i = int(rng.random() * n)
+        j = int(rng.random() * (n - 1))
+        a, b = candidates[i], candidates[j + 1 if j >= i else j]
         best = a if a.load_score <= b.load_score else b
         return Decision(best.name, self.name)
 

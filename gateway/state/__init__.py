@@ -1,2 +1,3 @@
 """Backend state and its lifecycle: the pool (health, outlier ejection, in-flight), health and load
-polling, config generations and reload, live A/B split weights. May import routing/ and client/."""
+polling, config generations and reload, live A/B split weights, discovered backends joining and
+leaving (membership). May import routing/, client/ and discovery/."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..access.secrets import Secrets
 from ..proxy.service import Proxy
 from ..settings import Settings
-from .health import HealthPoller
+from .health import Poller
 from .pool import BackendState, Pool
 
 
@@ -28,7 +28,7 @@ class Generation:
     secrets: Secrets
     pool: Pool
     proxy: Proxy
-    poller: HealthPoller
+    poller: Poller
     task: asyncio.Task[None] | None = None
     in_flight: int = 0
     retired: bool = False

@@ -1,7 +1,9 @@
 """Periodic readiness probes and load scrapes, one task for the whole pool.
 
 Each round probes every backend's readiness and scrapes its load concurrently, then sleeps. The
-clock and sleep are injected; a round can also be run directly (`poll_once`) by tests and at startup.
+clock and sleep are injected; a round can also be run directly (`poll_once`) by tests and at startup,
+and one backend at once (`poll_backend`: a discovered backend is probed as soon as it joins). Draining
+backends are not probed: they get no new requests whatever a probe says.
 """
 
 from __future__ import annotations
@@ -10,17 +12,30 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import aiohttp
 
 from backends.base import LoadParseError
 
+from .model_cards import scrape_card
 from .pool import BackendState, Pool
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
+
+
+class Poller(Protocol):
+    """What a config generation runs to keep its pool's health and load current: a `HealthPoller`,
+    or a `health_feed.FollowedPoller` that applies the results its supervisor's poller found."""
+
+    async def poll_once(self) -> None: ...
+
+    async def poll_backend(self, state: BackendState) -> None: ...
+
+    async def run(self) -> None: ...
 
 
 class HealthPoller:
@@ -40,15 +55,16 @@ class HealthPoller:
         self._sleep = sleep
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._poll(s) for s in self._pool))
+        await asyncio.gather(*(self.poll_backend(s) for s in self._pool if not s.draining))
 
     async def run(self) -> None:
         while True:
             await self._sleep(self._interval_s)
             await self.poll_once()
 
-    async def _poll(self, state: BackendState) -> None:
-        await asyncio.gather(self._probe(state), self._scrape(state))
+    async def poll_backend(self, state: BackendState) -> None:
+        """Probe one backend's readiness, scrape its load and (now and then) its model card."""
+        await asyncio.gather(self._probe(state), self._scrape(state), scrape_card(self._session, state, self._clock()))
 
     async def _probe(self, state: BackendState) -> None:
         probe = state.adapter.readiness

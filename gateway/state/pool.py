@@ -1,12 +1,19 @@
-"""The only mutable backend state: health, outlier ejection, in-flight counts, scraped load.
+"""The only mutable backend state: health, outlier ejection, in-flight counts, scraped load, and
+which backends a discovery pool has now.
 
 Everything else reads it through immutable snapshots. Time comes in as arguments (`now`), never from
 a clock read here, so outlier ejection (`outliers`) is testable without sleeping.
+
+Discovered backends (`state.membership` brings them) join and leave a running pool: one that joins
+is routable only after a passing probe; one that leaves is first *draining* (out of every route at
+once, its in-flight requests finish), then removed. Routes and A/B arms may name a discovery pool;
+`expand` replaces such a name with the pool's current members. A probe, scrape or verdict that
+arrives for a backend already removed is ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import Adapter, Load
@@ -14,6 +21,9 @@ from backends.base import Adapter, Load
 from ..routing.base import BackendView, Snapshot
 from ..settings import Backend
 from .outliers import OutlierRules, Record, Verdict, judge, readmit
+
+STATIC = "static"  # the `source` of a backend from the config's `backends:` list
+_NO_VERDICT = Verdict()  # for a backend that has left the pool meanwhile
 
 
 @dataclass(slots=True)
@@ -29,6 +39,11 @@ class BackendState:
     load_scraped_at: float | None = None
     probed_at: float | None = None
     last_error: str | None = None
+    source: str = STATIC  # or the discovery entry that found it
+    draining: bool = False  # discovery lost it: no new requests; it leaves once none is in flight
+    draining_since: float | None = None
+    max_model_len: int | None = None  # from the backend's own /v1/models (`model_cards`), when it says
+    card_scraped_at: float | None = None
     name: str = field(init=False)  # the config's, read once: the request path reads these on every request
     runtime: str = field(init=False)
     base_url: str = field(init=False)
@@ -40,7 +55,7 @@ class BackendState:
 
     @property
     def healthy(self) -> bool:
-        return self.probe_ok and not self.ejected
+        return self.probe_ok and not self.ejected and not self.draining
 
     @property
     def consecutive_failures(self) -> int:
@@ -73,9 +88,17 @@ class Pool:
     requests, for longer on each repeat; after that a passing health probe re-admits it.
     """
 
-    def __init__(self, states: Iterable[BackendState], *, rules: OutlierRules | None = None) -> None:
+    def __init__(
+        self, states: Iterable[BackendState], *, rules: OutlierRules | None = None, groups: Iterable[str] = ()
+    ) -> None:
+        """`groups`: the discovery pools routes may name (members are the states whose `source` is one)."""
         self._states = {s.name: s for s in states}
         self.rules = rules if rules is not None else OutlierRules()
+        self._groups: dict[str, list[str]] = {g: [] for g in groups}
+        for s in self._states.values():
+            if s.source in self._groups and not s.draining:
+                self._groups[s.source].append(s.name)
+        self._expanded: dict[tuple[str, ...], list[str]] = {}
 
     def __getitem__(self, name: str) -> BackendState:
         return self._states[name]
@@ -96,9 +119,75 @@ class Pool:
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self._states.values())
 
+    def expand(self, names: Sequence[str]) -> list[str]:
+        """Backend names (a route's or an arm's) with every discovery pool's name replaced by the
+        pool's current members, in order; draining backends are no longer members."""
+        if not self._groups:
+            return names if isinstance(names, list) else list(names)
+        key = tuple(names)
+        expanded = self._expanded.get(key)
+        if expanded is None:
+            groups = self._groups
+            expanded = self._expanded[key] = [m for n in key for m in groups.get(n, (n,))]
+        return expanded
+
+    def healthy_names(self) -> set[str]:
+        """Healthy backends, and the discovery pools that have a healthy member (for A/B arms, whose
+        backends may name pools)."""
+        states = self._states
+        healthy = {s.name for s in states.values() if s.healthy}
+        healthy.update(g for g, members in self._groups.items() if any(states[m].healthy for m in members))
+        return healthy
+
+    def groups(self) -> dict[str, list[str]]:
+        """Each discovery pool's current members (a copy)."""
+        return {g: list(members) for g, members in self._groups.items()}
+
+    def join(self, state: BackendState) -> BackendState | None:
+        """Add a discovered backend to its pool (`state.source`); it gets requests once `probe_ok`.
+        A draining backend of that name and pool comes back instead (not routable until its next
+        passing probe). Returns the state that joined, or None when the name belongs to another."""
+        group = self._groups.get(state.source)
+        if group is None:
+            return None
+        existing = self._states.get(state.name)
+        if existing is not None:
+            if existing.source != state.source or not existing.draining:
+                return None
+            existing.draining = False
+            existing.draining_since = None
+            existing.probe_ok = False
+            state = existing
+        else:
+            self._states[state.name] = state
+        group.append(state.name)
+        self._expanded.clear()
+        return state
+
+    def drain(self, name: str, now: float) -> BackendState | None:
+        """Take a discovered backend out of its pool: no new requests; the ones in flight finish."""
+        state = self._states.get(name)
+        if state is None or state.draining or state.source not in self._groups:
+            return None
+        state.draining = True
+        state.draining_since = now
+        self._groups[state.source].remove(name)
+        self._expanded.clear()
+        return state
+
+    def remove(self, name: str) -> BackendState | None:
+        """Forget a draining backend (its last request has finished, or it overran the drain)."""
+        state = self._states.get(name)
+        if state is None or not state.draining:
+            return None
+        del self._states[name]
+        return state
+
     def judge(self, name: str, ok: bool, now: float, error: str | None = None) -> Verdict:
         """Record a completed request's verdict on its backend; ejects it when the rules say so."""
-        state = self._states[name]
+        state = self._states.get(name)
+        if state is None:
+            return _NO_VERDICT
         if not ok:
             state.last_error = error
         others = [s for s in self._states.values() if s is not state]
@@ -112,7 +201,9 @@ class Pool:
         return verdict
 
     def record_probe(self, name: str, ok: bool, now: float, error: str | None = None) -> None:
-        state = self._states[name]
+        state = self._states.get(name)
+        if state is None:
+            return
         state.probe_ok = ok
         state.probed_at = now
         if not ok:
@@ -121,6 +212,8 @@ class Pool:
             state.ejected = False
 
     def record_load(self, name: str, load: Load, now: float) -> None:
-        state = self._states[name]
+        state = self._states.get(name)
+        if state is None:
+            return
         state.load = load
         state.load_scraped_at = now

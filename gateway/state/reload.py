@@ -4,7 +4,8 @@ The new config is read, validated and its secrets resolved; any problem rejects 
 line per problem naming the field, and the old generation keeps serving. A valid config becomes a new
 generation, probed once, then swapped in by one assignment; requests already running finish on the
 generation they started with. `listen` and `limits` are bound to sockets and the server at start-up:
-a change there is reported as `restart_required` and takes effect on the next start.
+a change there (or in `state`, the shared store) is reported as `restart_required` and takes effect on
+the next start.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ Build = Callable[[Settings, Secrets, int], Generation]
 class Reloaded:
     generation: int
     restart_required: list[str]
+
+
+def restart_required(old: Settings, new: Settings) -> list[str]:
+    """The changed sections that only a restart applies (bound to sockets, the server or the store)."""
+    return [k for k in RESTART_KEYS if getattr(old, k) != getattr(new, k)]
+
+
+RESTART_KEYS = ("listen", "limits", "state")
 
 
 class ReloadRejected(Exception):
@@ -60,7 +69,7 @@ class Reloader:
             await new.poller.poll_once()
             new.start()
             self._generations.install(new)
-            restart = [k for k in ("listen", "limits") if getattr(old.settings, k) != getattr(settings, k)]
+            restart = restart_required(old.settings, settings)
             log.info("config reloaded: generation %d%s", new.number,
                      f" (restart required for {', '.join(restart)})" if restart else "")
             return Reloaded(new.number, restart)

@@ -2,6 +2,10 @@
 
 Groups are fixed by the config (each backend, each runtime, each A/B arm of each split route, and
 the whole gateway), so label-like cardinality and memory are bounded no matter what clients send.
+Embedding models are not generation: the backends of `embeddings` routes have their own runtime
+groups (`vllm/embeddings`, ...) and stay out of the whole gateway's figures, and tokenize requests
+are not filed at all (they run no engine work worth comparing).
+Discovered backends get groups while they are in the pool (`reconfigure(..., backends=, pools=)`).
 The book reads no clock: each Outcome carries `finished_at` (the Recorder stamps it with the app's
 clock) and each query is given `now`.
 """
@@ -10,14 +14,20 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..observability.outcome import NONE, Outcome
-from ..settings import Settings
+from ..settings import Backend, Settings
 from .window import Sample, Series
 
 WeightsFn = Callable[[str], Mapping[str, float]]
+UNFILED = frozenset({"tokenize", "detokenize"})
+
+
+def runtime_group(runtime: str, embeddings: bool) -> str:
+    """The runtime group's name: the runtime's, or `<runtime>/embeddings` for embedding models."""
+    return f"{runtime}/embeddings" if embeddings else runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +40,7 @@ class Group:
     runtime: str | None
     route: str | None
     series: Series
+    task: str = "generate"  # or "embeddings": what the group's backends serve
 
 
 def configured_weights(settings: Settings) -> WeightsFn:
@@ -71,42 +82,60 @@ class StatsBook:
         self.backends: dict[str, Group] = {}
         self.runtimes: dict[str, Group] = {}
         self.arms: dict[tuple[str, str], Group] = {}
-        self.total = self._group("total", "all", [b.name for b in settings.backends])
+        self.total = self._group("total", "all", [b.name for b in settings.backends
+                                                  if b.name not in settings.embedding_backends])
         self.reconfigure(settings)
 
     def _group(self, kind: str, name: str, backends: list[str], runtime: str | None = None,
-               route: str | None = None) -> Group:
-        return Group(kind, name, tuple(backends), runtime, route, Series(self.started_at, self._rng))
+               route: str | None = None, task: str = "generate") -> Group:
+        return Group(kind, name, tuple(backends), runtime, route, Series(self.started_at, self._rng), task)
 
-    def reconfigure(self, settings: Settings) -> None:
-        """Adopt a (re)loaded config: groups for new backends, runtimes and arms start empty; existing
-        ones keep their history (a backend is identified by its name), with membership and prices
-        updated. Groups that the new config no longer has are dropped."""
+    def reconfigure(
+        self, settings: Settings, *, backends: Sequence[Backend] | None = None,
+        pools: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Adopt a (re)loaded config, or a change of discovered backends: groups for new backends,
+        runtimes and arms start empty; existing ones keep their history (a backend is identified by
+        its name), with membership and prices updated. Groups no longer there are dropped.
+
+        `backends` are the pool's (default: the config's static ones); `pools` maps each discovery
+        pool that an arm may name to its current members."""
         self.settings = settings
-        self.prices = {b.name: b.usd_per_hour for b in settings.backends}
-        backends = {}
-        for b in settings.backends:
+        listed = list(settings.backends) if backends is None else list(backends)
+        pools = pools or {}
+
+        def expand(names: Sequence[str]) -> tuple[str, ...]:
+            return tuple(m for n in names for m in pools.get(n, (n,)))
+
+        embedding = frozenset(expand(sorted(settings.embedding_backends)))
+        self.prices = {b.name: b.usd_per_hour for b in listed}
+        backends_now = {}
+        for b in listed:
             old = self.backends.get(b.name)
-            backends[b.name] = old if old is not None else self._group("backend", b.name, [b.name], b.runtime.value)
-        self.backends = backends
+            task = "embeddings" if b.name in embedding else "generate"
+            backends_now[b.name] = (replace(old, task=task) if old is not None
+                                    else self._group("backend", b.name, [b.name], b.runtime.value, task=task))
+        self.backends = backends_now
         members: dict[str, list[str]] = {}
-        for b in settings.backends:
-            members.setdefault(b.runtime.value, []).append(b.name)
+        for b in listed:
+            members.setdefault(runtime_group(b.runtime.value, b.name in embedding), []).append(b.name)
         runtimes = {}
-        for rt, names in members.items():
-            old_rt = self.runtimes.get(rt)
-            runtimes[rt] = (replace(old_rt, backends=tuple(names)) if old_rt is not None
-                            else self._group("runtime", rt, names, rt))
+        for name, names in members.items():
+            old_rt = self.runtimes.get(name)
+            rt, _, task = name.partition("/")
+            runtimes[name] = (replace(old_rt, backends=tuple(names)) if old_rt is not None
+                              else self._group("runtime", name, names, rt, task=task or "generate"))
         self.runtimes = runtimes
         arms: dict[tuple[str, str], Group] = {}
         for r in settings.routes:
             if r.split is not None:
                 for a in r.split.arms:
                     old_arm = self.arms.get((r.model, a.name))
-                    arms[(r.model, a.name)] = (replace(old_arm, backends=tuple(a.backends)) if old_arm is not None
-                                               else self._group("arm", a.name, a.backends, route=r.model))
+                    arm_backends = expand(a.backends)
+                    arms[(r.model, a.name)] = (replace(old_arm, backends=arm_backends) if old_arm is not None
+                                               else self._group("arm", a.name, list(arm_backends), route=r.model))
         self.arms = arms
-        self.total = replace(self.total, backends=tuple(b.name for b in settings.backends))
+        self.total = replace(self.total, backends=tuple(b.name for b in listed if b.name not in embedding))
 
     def peak_output_tps(self, backend: str) -> float | None:
         """`backend`'s best output tokens/s, for the cost policy: the 90th percentile of its busy 10-s
@@ -118,15 +147,18 @@ class StatsBook:
     def record(self, o: Outcome) -> None:
         """File `o` into its groups. Once per second of the clock, every group is advanced first, so
         the best-throughput figures of backends that get no traffic still age."""
+        if o.endpoint in UNFILED:
+            return
         sample = to_sample(o)
         second = math.floor(o.finished_at)
         if second != self._advanced_s:
             self._advanced_s = second
             self.advance(o.finished_at)
-        targets = [self.total]
+        embeddings = o.endpoint == "embeddings"
+        targets = [] if embeddings else [self.total]
         if o.backend != NONE and o.backend in self.backends:
             targets.append(self.backends[o.backend])
-            rt = self.runtimes.get(o.runtime)
+            rt = self.runtimes.get(runtime_group(o.runtime, embeddings))
             if rt is not None:
                 targets.append(rt)
         if o.arm is not None:

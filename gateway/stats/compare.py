@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .ab import ArmData, analyse
-from .book import Group, StatsBook
+from .book import Group
 from .cost import ASSUMPTIONS, group_price
 from .figures import figures
 from .history import history
+from .views import BookView
 from .window import FINE_BUCKETS
 
 WINDOWS_S = (60, 300, 3600)
@@ -25,7 +26,7 @@ AB_CACHE_S = 5
 
 
 class Comparer:
-    def __init__(self, book: StatsBook, *, min_n: int = 100, seed: int = 0) -> None:
+    def __init__(self, book: BookView, *, min_n: int = 100, seed: int = 0) -> None:
         self.book = book
         self.min_n = min_n
         self.seed = seed
@@ -56,8 +57,8 @@ class Comparer:
             "assumptions": list(ASSUMPTIONS),
             "percentiles": "nearest-rank over retained samples (weighted by bucket when a bucket was sampled)",
             "total": row(book.total),
-            "backends": [row(g, runtime=g.runtime) for g in book.backends.values()],
-            "runtimes": [row(g) for g in book.runtimes.values()],
+            "backends": [row(g, runtime=g.runtime, task=g.task) for g in book.backends.values()],
+            "runtimes": [row(g, task=g.task) for g in book.runtimes.values()],
             "arms": [row(g, route=g.route, weight=book.weights(g.route or "").get(g.name))
                      for g in book.arms.values()],
             "ab": self.ab(now, window_s),

@@ -21,7 +21,11 @@ ASSUMPTIONS = (
     f"cost at best throughput = the same formula at the best output tokens/s: the "
     f"{round(PEAK_QUANTILE * 100)}th percentile of the busy {PEAK_SPAN_S}-s spans of the last {PEAK_HORIZON_S // 60} "
     f"min, each scored {PEAK_LAG_S} s after it ended (tokens of streams still running then are left out)",
+    "utilisation = observed output tokens/s / best output tokens/s; cost at observed load = cost at best / "
+    "utilisation",
     "a backend shared by several groups (routes, arms) is charged in full to each",
+    "cost per 1M prompt tokens (what embedding models are paid for) = usd_per_hour / (3600 × prompt tokens/s) × 1e6 "
+    "over the window",
     "a group with any backend lacking usd_per_hour, or with no output tokens, has cost null",
 )
 

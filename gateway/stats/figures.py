@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .book import Group, StatsBook
+from .book import Group
 from .cost import group_price, usd_per_million
-from .quantiles import summary
+from .quantiles import gap_summary, summary
+from .views import BookView
 from .window import View
 
 
@@ -27,7 +28,7 @@ def _ratio(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, Any]:
+def figures(book: BookView, g: Group, now: float, window_s: int) -> dict[str, Any]:
     g.series.advance(now)
     v: View = g.series.view(now, window_s)
     bs = v.buckets
@@ -55,7 +56,7 @@ def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, A
         "output_tokens_per_s": out_tps,
         "cached_token_share": _ratio(cached, prompt),
         "ttft_s": summary(b.ttft for b in bs),
-        "itl_s": summary(b.itl for b in bs),
+        "itl_s": gap_summary(b.itl for b in bs),
         "tpot_s": summary(b.tpot for b in bs),
         "e2e_s": summary(b.e2e for b in bs),
         "sla": {"met": met, "missed": missed, "attainment": _ratio(met, met + missed)},
@@ -64,5 +65,10 @@ def figures(book: StatsBook, g: Group, now: float, window_s: int) -> dict[str, A
             "usd_per_million_output_tokens": usd_per_million(price, out_tps),
             "best_output_tokens_per_s": peak,
             "usd_per_million_output_tokens_at_best": usd_per_million(price, peak),
+            # how much of its sustained throughput the group used in the window: the at-load cost is the
+            # at-best cost divided by this (an idle fleet's hours are paid for all the same)
+            "utilisation": out_tps / peak if out_tps is not None and peak else None,
+            # what embedding models are paid for: their input (at the observed load)
+            "usd_per_million_prompt_tokens": usd_per_million(price, _rate(prompt, v.span_s)),
         },
     }

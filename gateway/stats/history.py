@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .book import Group, StatsBook
+from .book import Group
 from .cost import group_price, usd_per_million
-from .quantiles import summary
+from .quantiles import gap_summary, summary
+from .views import BookView
 
 STEP_S = 10
 POINTS = 30
 
 
-def group_history(book: StatsBook, g: Group, now: float) -> dict[str, list[float | None]]:
+def group_history(book: BookView, g: Group, now: float) -> dict[str, list[float | None]]:
     series = g.series
     last_end = math.floor(now) // STEP_S * STEP_S
     price = group_price(book.prices.get(n) for n in g.backends)
@@ -36,12 +37,12 @@ def group_history(book: StatsBook, g: Group, now: float) -> dict[str, list[float
         tps = math.fsum(b.output_tokens for b in bs) / span  # generated in the step (see `window`)
         out["output_tokens_per_s"].append(tps)
         out["ttft_p50_s"].append(summary((b.ttft for b in bs), (0.5,))["p50"])
-        out["itl_p50_s"].append(summary((b.itl for b in bs), (0.5,))["p50"])
+        out["itl_p50_s"].append(gap_summary((b.itl for b in bs), (0.5,))["p50"])
         out["usd_per_million_output_tokens"].append(usd_per_million(price, tps))
     return out
 
 
-def history(book: StatsBook, now: float) -> dict[str, Any]:
+def history(book: BookView, now: float) -> dict[str, Any]:
     last_end = math.floor(now) // STEP_S * STEP_S
     return {
         "step_s": STEP_S,

@@ -2,7 +2,10 @@
 
 The figure behind cost-at-best (`/admin/compare`) and the `cost` routing policy is the
 `PEAK_QUANTILE` (90th) percentile of the output tokens/s of the aligned `PEAK_SPAN_S` (10-s) spans of
-the last `PEAK_HORIZON_S` (hour) that carried any output. Each span's tokens are the ones the windows
+the last `PEAK_HORIZON_S` (hour) that carried any output. Spans end on whole multiples of
+`PEAK_SPAN_S` of the clock (not of the group's start), so the spans of several processes on one time
+base (the workers of a gateway, the replicas of a fleet) line up and their sums can be scored
+together (`stats.export`). Each span's tokens are the ones the windows
 attribute to it (`window.Series`: every finished request's completion tokens spread over its
 generation lifetime), so a span only knows its tokens once the streams that were active in it have
 finished. A span is therefore scored `PEAK_LAG_S` after it ends, and then once: tokens of streams
@@ -36,9 +39,20 @@ class Peak:
     __slots__ = ("_next_end", "_spans", "value")
 
     def __init__(self, start_s: int) -> None:
-        self._next_end = start_s + PEAK_SPAN_S  # the end (exclusive second) of the next span to score
+        # the end (exclusive second) of the next span to score: the first whole multiple after start
+        self._next_end = (start_s // PEAK_SPAN_S + 1) * PEAK_SPAN_S
         self._spans: deque[tuple[int, float]] = deque()  # (end second, tokens/s), oldest first
         self.value: float | None = None
+
+    def state(self) -> tuple[int, list[tuple[int, float]]]:
+        """(the end of the next span to score, the scored busy spans): what `restore` takes back."""
+        return self._next_end, list(self._spans)
+
+    def restore(self, next_end: int, spans: list[tuple[int, float]]) -> None:
+        """Adopt scored spans (e.g. the sums of several processes' spans) and where scoring goes on."""
+        self._next_end = next_end
+        self._spans = deque(sorted(spans))
+        self.value = nearest_rank(sorted(tps for _, tps in spans), PEAK_QUANTILE) if spans else None
 
     def advance(self, now_s: int, tokens_in: TokensIn) -> None:
         """Score the spans that ended at least `PEAK_LAG_S` before `now_s`, forget those past the

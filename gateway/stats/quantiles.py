@@ -14,13 +14,28 @@ import bisect
 import math
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
+from typing import Protocol
 
+from ..observability.outcome import GapHistogram
 from ..observability.reservoir import Reservoir
 
-__all__ = ["Reservoir", "nearest_rank", "percentile", "summary", "weighted_samples"]
+__all__ = ["Reservoir", "gap_summary", "nearest_rank", "percentile", "summary", "weighted_samples"]
 
 
-def weighted_samples(reservoirs: Iterable[Reservoir]) -> list[tuple[float, float]]:
+class Sampled(Protocol):
+    """A uniform sample of observations: its retained values, how many it saw, what each stands for."""
+
+    @property
+    def values(self) -> Sequence[float]: ...
+
+    @property
+    def seen(self) -> int: ...
+
+    @property
+    def weight(self) -> float: ...
+
+
+def weighted_samples(reservoirs: Iterable[Sampled]) -> list[tuple[float, float]]:
     """(value, weight) pairs of every retained sample, sorted by value."""
     out: list[tuple[float, float]] = []
     for r in reservoirs:
@@ -53,7 +68,7 @@ def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[k - 1]
 
 
-def summary(reservoirs: Iterable[Reservoir], qs: Sequence[float] = (0.5, 0.95, 0.99)) -> dict[str, float | int | None]:
+def summary(reservoirs: Iterable[Sampled], qs: Sequence[float] = (0.5, 0.95, 0.99)) -> dict[str, float | int | None]:
     """p50/p95/p99 (keys "p50", ...) plus `n`, the number of observations behind them.
 
     Fast path: while no bucket overflowed its cap every weight is 1 and a plain float sort gives the
@@ -83,4 +98,29 @@ def summary(reservoirs: Iterable[Reservoir], qs: Sequence[float] = (0.5, 0.95, 0
     for key, q in zip(keys, qs, strict=True):
         k = min(bisect.bisect_left(cumulative, q * total * (1 - 1e-12)), len(order) - 1)
         out[key] = values[order[k]]
+    return out
+
+
+def gap_summary(
+    hists: Iterable[GapHistogram], qs: Sequence[float] = (0.5, 0.95, 0.99)
+) -> dict[str, float | int | None]:
+    """Nearest-rank p50/p95/p99 (and `n`) of the gaps in `hists`: the cell where the rank falls, read as
+    its one value when it saw only one, else its middle clamped to what it saw (within 1%)."""
+    merged = GapHistogram()
+    for h in hists:
+        merged.merge(h)
+    n = merged.count
+    out: dict[str, float | int | None] = {f"p{round(q * 100)}": None for q in qs}
+    out["n"] = n
+    if not n:
+        return out
+    order = sorted(merged.cells.items())
+    for q in qs:
+        rank = max(math.ceil(q * n - 1e-9), 1)
+        acc = 0
+        for _, cell in order:
+            acc += cell.count
+            if acc >= rank:
+                out[f"p{round(q * 100)}"] = cell.value
+                break
     return out

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from backends.values import value
 
-from ..observability.outcome import Gaps
+from ..observability.outcome import GapHistogram, Gaps
 from .peak import Peak
 from .quantiles import Reservoir
 
@@ -44,13 +44,12 @@ class Caps:
     """Samples kept per bucket (beyond that, a uniform reservoir sample)."""
 
     ttft: int
-    itl: int
     tpot: int
     e2e: int
 
 
-FINE_CAPS = Caps(ttft=32, itl=64, tpot=32, e2e=32)
-COARSE_CAPS = Caps(ttft=128, itl=512, tpot=128, e2e=128)
+FINE_CAPS = Caps(ttft=32, tpot=32, e2e=32)
+COARSE_CAPS = Caps(ttft=128, tpot=128, e2e=128)
 
 
 class Bucket:
@@ -72,7 +71,7 @@ class Bucket:
         self.sla_met = 0
         self.sla_missed = 0
         self.ttft = Reservoir(caps.ttft)
-        self.itl = Reservoir(caps.itl)
+        self.itl = GapHistogram()  # inter-token gaps: counts in log cells (exact counts, bounded memory)
         self.tpot = Reservoir(caps.tpot)
         self.e2e = Reservoir(caps.e2e)
 
@@ -194,7 +193,7 @@ class Series:
                 b.tpot.add(s.tpot_s, self._rng)
             b.e2e.add(s.e2e_s, self._rng)
             if s.gaps is not None:
-                b.itl.absorb(s.gaps.sample, self._rng)
+                b.itl.merge(s.gaps.hist)
         tokens = s.completion_tokens
         if tokens:
             start = s.at - s.generation_s if s.generation_s else s.at

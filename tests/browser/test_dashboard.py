@@ -85,6 +85,17 @@ def test_dashboard_renders_charts_and_updates_live(loaded_gateway: GatewayProces
         shutil.copyfile(shot, keep)
 
 
+def test_the_scope_toggle_switches_to_the_fleet_view(loaded_gateway: GatewayProcess, tmp_path: Path) -> None:
+    url = loaded_gateway.url + "/dashboard"
+    mine = dump(tmp_path, url)
+    assert re.search(r'<body[^>]*\bdata-scope="replica"', mine)
+    assert re.search(r'<select id="scope">', mine)
+    fleet = dump(tmp_path, url + "?scope=fleet")  # (as choosing "fleet" in the toggle does)
+    assert re.search(r'<body[^>]*\bdata-scope="fleet"', fleet)
+    assert "fleet of 1 replicas" in fleet  # no store configured: the fleet is this gateway
+    assert attr(fleet, "data-updates") >= 1
+
+
 def test_dashboard_is_self_contained(loaded_gateway: GatewayProcess) -> None:
     page = loaded_gateway.get("/dashboard")
     assert page.status_code == 200

@@ -17,9 +17,11 @@ def fuzz_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayPr
         backend_entry(runtime, emulators.start(runtime, speed=1000.0), runtime)
         for runtime in ("vllm", "sglang", "trtllm", "triton")
     ]
+    embedder = backend_entry("embedder", emulators.start("vllm", speed=1000.0, embedding_dim=8), "vllm")
     config = {
-        "backends": backends,
-        "routes": [{"model": "moe", "backends": [b["name"] for b in backends], "policy": "round_robin"}],
+        "backends": [*backends, embedder],
+        "routes": [{"model": "moe", "backends": [b["name"] for b in backends], "policy": "round_robin"},
+                   {"model": "emb", "kind": "embeddings", "backends": ["embedder"]}],
         "limits": {"max_body_bytes": 65536, "body_timeout_s": 5},
     }
     gw = GatewayProcess(config, tmp_path_factory.mktemp("fuzz"))

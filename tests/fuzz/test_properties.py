@@ -16,16 +16,18 @@ from tests.integration.harness import GatewayProcess
 from .conftest import check_response
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-PATHS = ["/v1/chat/completions", "/v1/completions"]
+PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize"]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
 )
-FIELDS = ["model", "messages", "prompt", "stream", "stream_options", "n", "max_tokens", "temperature"]
+FIELDS = ["model", "messages", "prompt", "stream", "stream_options", "n", "max_tokens", "temperature", "input",
+          "instructions", "max_output_tokens", "tools", "tool_choice", "response_format", "text",
+          "previous_response_id", "logprobs", "tokens"]
 requestish = st.fixed_dictionaries(
-    {"model": st.sampled_from(["moe", "nope", ""]) | json_values},
+    {"model": st.sampled_from(["moe", "emb", "nope", ""]) | json_values},
     optional={f: json_values for f in FIELDS[1:]}
     | {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]) | json_values,
                                                    "content": st.text(max_size=30) | json_values}), max_size=3),
@@ -55,7 +57,8 @@ def test_request_shaped_json(client: httpx.Client, path: str, body: dict[str, An
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
-       path=st.sampled_from(["/v1/models", "/v1/chat/completions", "/admin/backends", "/x", "/v1/"])
+       path=st.sampled_from(["/v1/models", "/v1/models/moe", "/v1/chat/completions", "/v1/responses", "/tokenize",
+                             "/admin/backends", "/x", "/v1/"])
        | st.text(alphabet="abc/%.-_", max_size=20).map(lambda p: "/" + p),
        auth=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=40))
 def test_arbitrary_paths_methods_and_headers(client: httpx.Client, method: str, path: str, auth: str) -> None:

@@ -27,8 +27,8 @@ def emulators(loop_thread: LoopThread) -> Iterator[Emulators]:
 def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     started: list[GatewayProcess] = []
 
-    def start(backends: list[dict[str, Any]], routes: list[dict[str, Any]] | None = None,
-              **extra: Any) -> GatewayProcess:
+    def start(backends: list[dict[str, Any]], routes: list[dict[str, Any]] | None = None, *,
+              host: str = "127.0.0.1", workers: int = 1, **extra: Any) -> GatewayProcess:
         config: dict[str, Any] = {
             "backends": backends,
             "routes": routes or [{"model": "moe", "backends": [b["name"] for b in backends],
@@ -38,7 +38,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
         }
         workdir = tmp_path / f"gw{len(started)}"
         workdir.mkdir()
-        gw = GatewayProcess(config, workdir)
+        gw = GatewayProcess(config, workdir, host=host, workers=workers)
         started.append(gw)
         return gw
 

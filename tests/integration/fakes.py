@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -24,10 +25,12 @@ class RecordingBackend:
     url: str
     runner: web.AppRunner
     headers: list[dict[str, str]] = field(default_factory=list)
+    probes: list[float] = field(default_factory=list)  # when each readiness probe arrived (monotonic)
 
 
 async def start_recording_backend() -> RecordingBackend:
     seen: list[dict[str, str]] = []
+    probes: list[float] = []
 
     async def chat(request: web.Request) -> web.Response:
         seen.append(dict(request.headers))
@@ -37,9 +40,13 @@ async def start_recording_backend() -> RecordingBackend:
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="")
 
+    async def health(request: web.Request) -> web.Response:
+        probes.append(time.monotonic())
+        return web.Response(text="")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", ok)
+    app.router.add_get("/health", health)
     app.router.add_get("/metrics", ok)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -48,6 +55,7 @@ async def start_recording_backend() -> RecordingBackend:
     port = runner.addresses[0][1]
     backend = RecordingBackend(f"http://127.0.0.1:{port}", runner)
     backend.headers = seen
+    backend.probes = probes
     return backend
 
 

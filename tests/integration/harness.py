@@ -57,13 +57,16 @@ class Emulators:
     def start(
         self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
         kv_events: KvEventsConfig | None = None, block_size: int | None = None, num_kv_blocks: int | None = None,
-        port: int = 0, **faults: Any,
+        host: str = "127.0.0.1", port: int = 0, embedding_dim: int | None = None, seed: int = 0, **faults: Any,
     ) -> RunningEmulator:
+        """`host` may be any loopback address (127.0.0.2, ... reach this host too: discovery tests
+        give each emulator its own address, on one port)."""
         cfg = EmulatorConfig(
             runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults),
             kv_events=kv_events, block_size=block_size, num_kv_blocks=num_kv_blocks,
+            embedding_dim=embedding_dim, seed=seed,
         )
-        emu = self._loop.run(start_emulator(cfg, host="127.0.0.1", port=port))
+        emu = self._loop.run(start_emulator(cfg, host=host, port=port))
         self._running.append(emu)
         return emu
 
@@ -85,16 +88,25 @@ def backend_entry(name: str, emu: RunningEmulator, runtime: Runtime | str, **ext
 
 
 class GatewayProcess:
-    """`python -m gateway serve --config FILE --port 0`, stopped by pid."""
+    """`python -m gateway serve --config FILE --port 0` (without a config: the embedded demo fleet),
+    stopped by pid. With `host="0.0.0.0"` it listens on every interface; the tests still reach it on
+    127.0.0.1."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
-        path = workdir / "gateway.yaml"
-        path.write_text(yaml.safe_dump(dict(config)))
+    def __init__(
+        self, config: Mapping[str, Any] | None, workdir: Path, *, host: str = "127.0.0.1", workers: int = 1,
+        port: int = 0,
+    ) -> None:
+        source: list[str] = []
+        self.config_path = workdir / "gateway.yaml"
+        if config is not None:
+            self.config_path.write_text(yaml.safe_dump(dict(config)))
+            source = ["--config", str(self.config_path)]
         self.log_path = workdir / "gateway.log"
-        self._log = self.log_path.open("w")
+        self._log = self.log_path.open("a")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-m", "gateway", "serve", *source, "--host", host, "--port", str(port),
+             "--workers", str(workers)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
             start_new_session=True,
         )
@@ -103,7 +115,8 @@ class GatewayProcess:
         if not line.startswith("gateway listening on "):
             self.stop()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
-        self.url = line.split()[-1]
+        # "gateway listening on URL" [+ " (N workers)"]
+        self.url = line.split()[3].replace("://0.0.0.0:", "://127.0.0.1:")
         self._clients: list[openai.OpenAI] = []
 
     def client(self) -> openai.OpenAI:

@@ -10,6 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import json_codec
 from gateway.__main__ import main
 
 from .harness import Emulators, GatewayProcess, backend_entry, eventually, wait_for
@@ -99,16 +100,22 @@ def test_admin_compare_agrees_with_metrics_and_the_cli(
     assert ab["route"] == "ab"
     assert ab["verdict"].startswith("not enough data yet")
     arm_requests = sum(a["requests"] for a in live["arms"])
-    # Arms are counted from Outcome.arm, which the proxy fills once split routing lands; until then 0.
-    assert arm_requests in (0, 12)
+    assert arm_requests == 12
 
     bad = gw.get("/admin/compare", params={"window": 7})
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "window"
 
-    monkeypatch.setenv("COLUMNS", "220")
+    monkeypatch.setenv("COLUMNS", "80")  # a plain terminal: nothing is cut, least of all the names
     assert main(["compare", "--url", gw.url, "--window", "3600"]) == 0
     printed = capsys.readouterr().out
-    row = next(line for line in printed.splitlines() if "vllm-a" in line)
+    assert all(len(line) <= 80 for line in printed.splitlines())
+    assert "…" not in printed
+    rows = [line for line in printed.splitlines() if "vllm-a" in line]
+    assert len(rows) == 2  # its performance row and its cost row, each with the whole name
     vllm_hour = next(b for b in hour["backends"] if b["name"] == "vllm-a")
-    assert row.rstrip(" │").split()[-1] == str(vllm_hour["requests"])
+    assert rows[0].rstrip(" │").split()[-1] == str(vllm_hour["requests"])
+    assert "$96.00" in rows[1]  # the cost row leads with the configured price
+    assert main(["compare", "--url", gw.url, "--window", "3600", "--json"]) == 0
+    as_json = json_codec.loads(capsys.readouterr().out)
+    assert {b["name"] for b in as_json["backends"]} == {"vllm-a", "sglang-a"}

@@ -213,3 +213,42 @@ def test_settings_repr_holds_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     secrets = resolve_secrets(settings)
     assert "repr-secret" not in repr(settings) + repr(secrets) + str(secrets)
     assert secrets.backend_keys["v"].get_secret_value() == "repr-secret"
+
+
+ADMIN_WRITES = [("POST", "/admin/reload"), ("PUT", "/admin/routes/moe/weights"),
+                ("POST", "/admin/routes/moe/weights"), ("DELETE", "/admin/backends"), ("PATCH", "/admin/anything")]
+
+
+def test_without_an_admin_token_admin_writes_are_refused_off_loopback(
+    emulators: Emulators, gateway: StartGateway
+) -> None:
+    """Listening on every interface (the container image's `--host 0.0.0.0`) with no admin token:
+    reading stays open, writing does not."""
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")], host="0.0.0.0")
+    for method, path in ADMIN_WRITES:
+        resp = httpx.request(method, gw.url + path, json={"weights": {"v": 1}}, timeout=10)
+        assert resp.status_code == 403, (method, path)
+        err = assert_openai_error(resp.json())
+        assert (err["type"], err["code"]) == ("permission_error", "admin_token_required")
+        assert "auth.admin_token_sha256" in str(err["message"])
+        assert "loopback" in str(err["message"])
+    assert gw.get("/admin/backends").status_code == 200
+    assert gw.get("/admin/compare").status_code == 200
+    assert gw.get("/dashboard").status_code == 200
+    assert gw.post("/v1/chat/completions", json=CHAT).status_code == 200  # clients are not admins
+
+
+def test_without_an_admin_token_admin_writes_are_open_on_loopback(
+    emulators: Emulators, gateway: StartGateway
+) -> None:
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")])  # 127.0.0.1
+    resp = gw.post("/admin/reload")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["restart_required"] == []
+
+
+def test_with_an_admin_token_writes_off_loopback_need_it(emulators: Emulators, gateway: StartGateway) -> None:
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")], host="0.0.0.0",
+                 auth={"admin_token_sha256": hash_key(ADMIN)})
+    assert gw.post("/admin/reload").status_code == 401
+    assert gw.post("/admin/reload", headers=bearer(ADMIN)).status_code == 200

@@ -24,9 +24,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.harness import ROOT, Emulators, backend_entry
 
-# Issue 14: `--workers 2` does not yet aggregate /metrics over workers. When it does, set this to 2:
-# every assertion of the tier then holds for the whole gateway, whichever worker answers a scrape.
-WORKERS = 1
+# Two workers: every scrape lands on one of them and must still report the whole gateway (the
+# supervisor merges both workers' families), so every assertion of the tier holds for the gateway.
+WORKERS = 2
 
 
 WARM_UP_S = 2.0  # traffic before the counted window: the request series are born in it

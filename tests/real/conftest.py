@@ -52,7 +52,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv: KvEndpoints) 
     workdir = tmp_path_factory.mktemp("vllm")
     port = free_port()
     extra = shlex.split(os.environ.get("IGW_VLLM_EXTRA_ARGS", "--enforce-eager"))
-    argv = vllm_argv(port, *vllm_kv.vllm_flag(), *extra)
+    tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # the tool-calling tests
+    argv = vllm_argv(port, *vllm_kv.vllm_flag(), *tools, *extra)
     server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=vllm_env(), cwd=workdir)
     try:
         waited = server.wait_until_ok("/health", VLLM_STARTUP_TIMEOUT_S)

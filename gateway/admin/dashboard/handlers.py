@@ -1,12 +1,15 @@
 """aiohttp handlers for the comparison JSON, the dashboard page and its static files.
 
 The page and its script ship inside the package (no CDN) and are read once at start-up.
+`GET /admin/compare?window=W&scope=replica|fleet`: `replica` (the default) is this gateway, all its
+workers; `fleet` merges every live replica's windows from the shared store (`cluster.fleet`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Any
 
 from aiohttp import web
 
@@ -22,10 +25,15 @@ def _load_static() -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in root.iterdir() if f.is_file()}
 
 
+SCOPES = ("replica", "fleet")
+Documents = Callable[[int, str], Awaitable[dict[str, Any]]]  # (window, scope) -> the comparison
+
+
 class DashboardHandlers:
-    def __init__(self, comparer: Comparer, clock: Callable[[], float]) -> None:
+    def __init__(self, comparer: Comparer, clock: Callable[[], float], *, documents: Documents | None = None) -> None:
         self._comparer = comparer
         self._clock = clock
+        self._documents = documents
         self._static = _load_static()
 
     async def compare(self, request: web.Request) -> web.Response:
@@ -36,7 +44,13 @@ class DashboardHandlers:
             window = -1
         if window not in WINDOWS_S:
             raise InvalidRequest(f"window must be one of {', '.join(map(str, WINDOWS_S))} (seconds)", param="window")
-        doc = await self._comparer.document_async(self._clock(), window)
+        scope = request.query.get("scope", "replica")
+        if scope not in SCOPES:
+            raise InvalidRequest(f"scope must be one of {', '.join(SCOPES)}", param="scope")
+        if self._documents is not None:
+            doc = await self._documents(window, scope)
+        else:
+            doc = await self._comparer.document_async(self._clock(), window)
         return web.Response(body=json_codec.dumps(doc), content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 

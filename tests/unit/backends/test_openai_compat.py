@@ -7,8 +7,9 @@ import orjson
 import pytest
 
 from backends.base import ClientRequest, Endpoint, ErrorBody, Usage
-from backends.openai_compat import normalise_error, parse_usage
+from backends.openai_compat import normalise_error, parse_usage, rewrite_model
 from backends.sglang import SGLangAdapter
+from backends.trtllm import TRTLLMAdapter
 from backends.vllm import VLLMAdapter
 
 from .captures import response
@@ -186,3 +187,36 @@ def test_the_model_is_renamed_in_place_without_reserialising() -> None:
     assert reply.usage.completion_tokens == 2
     spaced = b'{"id": "x", "model": "tiny-moe", "choices": []}'
     assert rewrite_model(spaced, "m").body == b'{"id": "x", "model": "m", "choices": []}'
+
+
+def test_usage_of_every_endpoint_is_read() -> None:
+    responses = {"usage": {"input_tokens": 17, "input_tokens_details": {"cached_tokens": 16, "cache_write_tokens": 0},
+                           "output_tokens": 6, "total_tokens": 23}}
+    assert parse_usage(responses) == Usage(17, 6, 16)
+    assert parse_usage({"usage": {"input_tokens": 3, "output_tokens": 1}}) == Usage(3, 1, None)
+    assert parse_usage({"usage": {"prompt_tokens": 4, "total_tokens": 4}}) == Usage(4, 0, None)  # OpenAI embeddings
+    assert parse_usage({"usage": {"prompt_tokens": 4, "total_tokens": 4, "completion_tokens": 0}}) == Usage(4, 0)
+    assert parse_usage({"usage": {"prompt_tokens": 4}}) is None
+    assert parse_usage({"usage": {"input_tokens": "x", "output_tokens": 1}}) is None
+
+
+def test_tokenize_answers_are_not_given_a_model() -> None:
+    body = b'{"count":2,"max_model_len":2048,"tokens":[1,2],"token_strs":null}'
+    assert rewrite_model(body, "moe").body == body
+
+
+def test_new_endpoints_go_to_their_paths_unchanged_but_the_model() -> None:
+    for endpoint, path, body in (
+        (Endpoint.EMBEDDINGS, "/v1/embeddings", {"model": "m", "input": ["a"], "encoding_format": "base64"}),
+        (Endpoint.TOKENIZE, "/tokenize", {"model": "m", "prompt": "a", "add_special_tokens": False}),
+        (Endpoint.DETOKENIZE, "/detokenize", {"model": "m", "tokens": [1, 2]}),
+        (Endpoint.RESPONSES, "/v1/responses", {"model": "m", "input": "a", "stream": True}),
+    ):
+        req = ClientRequest(endpoint=endpoint, body=body, stream=bool(body.get("stream")), include_usage=False)
+        up = SGLangAdapter().build_request(req, model="served", request_id="r")
+        assert up.path == path
+        assert orjson.loads(up.body) == {**body, "model": "served"}  # no stream_options added to Responses
+    strict = ClientRequest(endpoint=Endpoint.RESPONSES, body={"model": "m", "input": "a", "seed": 1, "store": True},
+                           stream=False, include_usage=False)
+    assert orjson.loads(TRTLLMAdapter().build_request(strict, model="s", request_id="r").body) == {
+        "model": "s", "input": "a", "store": True}  # trtllm-serve's ResponsesRequest forbids other fields

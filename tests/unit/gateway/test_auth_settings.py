@@ -41,3 +41,29 @@ def test_digests_are_normalised_and_keys_found_in_constant_time() -> None:
     assert found.id == "b"
     assert find_key(keys, "gamma") is None
     assert find_key(keys, "") is None
+
+
+def test_a_discovery_entry_key_is_resolved_once_for_all_its_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.base import ClientRequest, Endpoint
+    from gateway.access.secrets import resolve_secrets
+    from gateway.app import backend_state
+    from gateway.settings import Backend
+
+    config = parse_settings({
+        "discovery": [{"name": "pool", "runtime": "vllm", "model": "m", "api_key_env": "POOL_KEY",
+                       "dns": {"host": "pool.test", "port": 8000}}],
+        "routes": [{"model": "m", "backends": ["pool"]}],
+    })
+    monkeypatch.delenv("POOL_KEY", raising=False)
+    with pytest.raises(ConfigError) as missing:
+        resolve_secrets(config)
+    assert missing.value.errors == ["discovery.0.api_key_env: environment variable POOL_KEY is not set"]
+    monkeypatch.setenv("POOL_KEY", "upstream-secret")
+    secrets = resolve_secrets(config)
+    found = Backend(name="pool-127.0.0.2:8000", runtime="vllm", url="http://127.0.0.2:8000", model="m")
+    state = backend_state(found, secrets, source="pool")
+    assert (state.source, state.probe_ok) == ("pool", False)  # not ready until its first probe
+    request = ClientRequest(Endpoint.CHAT, {"model": "m", "messages": []}, stream=False, include_usage=False)
+    sent = state.adapter.build_request(request, model="m", request_id="r")
+    assert sent.headers["Authorization"] == "Bearer upstream-secret"
+    assert "upstream-secret" not in repr(state.adapter)

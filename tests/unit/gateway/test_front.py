@@ -15,7 +15,7 @@ from aiohttp import web
 
 from backends.base import Endpoint
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.http.aiohttp_server import GatewayRunner
+from gateway.http.aiohttp_server import GatewayServer
 from gateway.http.native_front import Front
 from gateway.proxy.sink import ResponseSink
 from gateway.settings import Limits
@@ -30,11 +30,11 @@ class Served:
     port: int
     front: Front
     seen: list[tuple[Endpoint, dict[str, str], bytes, str]] = field(default_factory=list)
-    refusals: list[tuple[Endpoint, int]] = field(default_factory=list)
+    refusals: list[tuple[Endpoint, int | str]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+    def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
         self.refusals.append((endpoint, status))
 
     async def dispatch(
@@ -51,6 +51,15 @@ class Served:
                 raise
             await reply.write(b"data: 2\n\n")
             await reply.end()
+        elif body == b"ticks":  # a stream that goes on writing until its client has gone
+            await reply.start(200, {"Content-Type": "text/event-stream"})
+            try:
+                while True:
+                    await reply.write(b"data: tick\n\n")
+                    await asyncio.sleep(0.01)
+            except (asyncio.CancelledError, ConnectionError):
+                self.cancelled.set()
+                raise
         elif body == b"fail":
             raise InvalidRequest("bad", param="model")
         else:
@@ -64,9 +73,8 @@ async def served() -> AsyncIterator[Served]:
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner = GatewayRunner(app, header_timeout_s=LIMITS.header_timeout_s, max_line_size=2048, max_field_size=2048)
+    runner = web.AppRunner(app)
     await runner.setup()
-    assert runner.server is not None
     holder: list[Served] = []
 
     class Relay:  # the front is built before the Served record that knows its port
@@ -75,10 +83,11 @@ async def served() -> AsyncIterator[Served]:
         ) -> None:
             await holder[0].dispatch(headers, body, endpoint, reply, request_id)
 
-        def refused(self, endpoint: Endpoint, status: int, request_id: str | None) -> None:
+        def refused(self, endpoint: Endpoint, status: int | str, request_id: str | None) -> None:
             holder[0].refused(endpoint, status, request_id)
 
-    front = Front(Relay(), runner.server, lambda: LIMITS)
+    relay = Relay()
+    front = Front(relay, GatewayServer(runner, limits=LIMITS, refused=relay.refused), LIMITS)
     server = await asyncio.get_running_loop().create_server(front, "127.0.0.1", 0)
     served = Served("127.0.0.1", server.sockets[0].getsockname()[1], front)
     holder.append(served)
@@ -172,7 +181,8 @@ async def test_header_names_are_lower_cased_and_repeats_joined(served: Served) -
     headers = served.seen[0][1]
     assert headers["x-session-id"] == "s1"
     assert headers["accept"] == "a, b"
-    assert len(served.seen[0][3]) == 32  # no client id: a fresh one
+    assert served.seen[0][3] not in ("", "x" * 129)  # no usable client id: a fresh one
+    assert served.seen[0][3].count("-") == 1
     writer.close()
 
 
@@ -205,9 +215,10 @@ async def test_http10_stream_is_close_delimited_and_http11_chunked(served: Serve
 
 
 async def test_client_leaving_mid_stream_cancels_the_request(served: Served) -> None:
+    """A FIN alone may be a half-close; the stream's next writes show the client has gone."""
     reader, writer = await connect(served)
-    writer.write(post(body=b"stream"))
-    await reader.readuntil(b"data: 1\n\n")
+    writer.write(post(body=b"ticks"))
+    await reader.readuntil(b"data: tick\n\n")
     writer.close()
     await asyncio.wait_for(served.cancelled.wait(), 5)
 
@@ -270,9 +281,31 @@ async def test_shutdown_lets_running_requests_finish_and_closes_idle_ones(served
 
 
 def test_error_status_is_kept_for_unknown_codes() -> None:
-    from gateway.http.native_front import error_bytes, status_line
+    from gateway.http.wire import error_bytes, status_line
 
     error = GatewayError("x")
     error.status = 599
     assert error_bytes(error).startswith(b"HTTP/1.1 599 Unknown\r\n")
     assert status_line(200) == "HTTP/1.1 200 OK\r\n"
+
+
+async def test_a_request_whose_client_resets_at_once_is_counted_exactly_once(served: Served) -> None:
+    """A client that sends its request and resets at once: the request is counted exactly once,
+    by the dispatcher, or by the front (client_closed) if the reset beat the request's task to the
+    dispatcher (a task cancelled before its first step never runs its body)."""
+    import socket
+    import struct
+
+    for _ in range(20):
+        before = len(served.seen) + len(served.refusals)
+        with socket.create_connection((served.host, served.port)) as sock:  # data and RST back to back
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.sendall(post(body=b"stream"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while len(served.seen) + len(served.refusals) == before:
+            assert loop.time() < deadline, "the request was counted nowhere"
+            await asyncio.sleep(0.001)
+        assert len(served.seen) + len(served.refusals) == before + 1
+    assert all(r == (Endpoint.CHAT, "client_closed") for r in served.refusals)
+    served.release.set()

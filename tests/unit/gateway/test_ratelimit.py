@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from gateway.access.ratelimit import KeyLimiter
+import pytest
+
+from gateway.access.ratelimit import KeyLimiter, duration
 from gateway.access.secrets import hash_key
 from gateway.settings import ApiKey
 
@@ -53,3 +55,37 @@ def test_a_key_without_limits_is_always_admitted() -> None:
     k = key()
     limiter.charge(k, 10**9)
     assert all(limiter.admit(k) is None for _ in range(1000))
+
+
+def test_openai_rate_limit_headers_state_limit_remaining_and_reset() -> None:
+    clock = Clock()
+    limiter = KeyLimiter(clock)
+    k = key(requests_per_minute=60, tokens_per_minute=6000)
+    assert limiter.admit(k) is None
+    limiter.charge(k, 150)
+    assert limiter.headers(k) == {
+        "x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59", "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "5850", "x-ratelimit-reset-tokens": "1.5s",
+    }
+    assert limiter.headers(key()) == {}
+    only_requests = key(requests_per_minute=3)
+    assert set(limiter.headers(only_requests)) == {
+        "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
+
+
+def test_the_exact_wait_is_known_for_retry_after_ms() -> None:
+    clock = Clock()
+    limiter = KeyLimiter(clock)
+    k = key(requests_per_minute=3)
+    for _ in range(3):
+        limiter.admit(k)
+    clock.now += 12.5
+    assert limiter.admit(k) == (8, "requests")
+    assert limiter.wait_s(k, "requests") == pytest.approx(7.5)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.0, "0ms"), (0.25, "250ms"), (1.0, "1s"), (1.5, "1.5s"), (60.0, "1m0s"), (360.0, "6m0s"), (3723.5, "1h2m3.5s"),
+])
+def test_durations_are_written_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text

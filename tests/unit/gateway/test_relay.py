@@ -122,10 +122,23 @@ def test_an_event_that_never_ends_is_refused_not_buffered_without_bound() -> Non
 
 def test_the_fast_path_and_the_general_path_agree_event_by_event() -> None:
     """Once the prefix is learned, single-event reads skip JSON; the result must be identical."""
-    chunks = [ROLE, TOK, TOK, TOK, USAGE, DONE]
+    long = HEAD + b'"choices":[{"index":0,"delta":{"content":"' + b"x" * 100 + b'"}}]}\n\n'
+    finish = HEAD + b'"choices":[{"index":0,"delta":{"content":"."},"finish_reason":"stop"}]}\n\n'
+    chunks = [ROLE, TOK, TOK, long, TOK, finish, TOK + TOK, USAGE, DONE]
     one = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=True)
     split = b"".join(one.feed(c, float(i)) for i, c in enumerate(chunks))
     other = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=True)
     whole = other.feed(b"".join(chunks), 0.0)
     assert split == whole
-    assert one.stats.tokens == other.stats.tokens == 3
+    assert one.stats.tokens == other.stats.tokens == 7
+
+
+def test_a_model_field_after_the_text_is_still_renamed_on_every_event() -> None:
+    """The fast path renames the model inside the learned prefix; a runtime that puts `model` after
+    the choices gets the general path, which renames it wherever it is."""
+    late = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"x"}}],"model":"tiny-moe"}\n\n'
+    relay = SseRelay(backend_model="tiny-moe", client_model="moe", include_usage=False)
+    out = b"".join(relay.feed(late, float(i)) for i in range(3))
+    assert out.count(b'"model":"moe"') == 3
+    assert b"tiny-moe" not in out
+    assert relay.stats.tokens == 3

@@ -93,3 +93,46 @@ def test_shipped_configs_are_valid() -> None:
     assert files, "config/ ships example configs"
     for f in files:
         load_settings(f)
+
+
+POOL = {"name": "vllm-pool", "runtime": "vllm", "model": "tiny-moe", "usd_per_hour": 96,
+        "dns": {"host": "vllm.llm.svc.cluster.local", "port": 8000}}
+
+
+def test_a_discovery_only_config_is_valid_and_routes_name_the_pool() -> None:
+    settings = parse_settings({"discovery": [POOL], "routes": [{"model": "m", "backends": ["vllm-pool"]}]})
+    assert settings.backends == []
+    assert settings.discovery[0].name == "vllm-pool"
+    split = parse_settings({
+        "backends": [VLLM], "discovery": [POOL],
+        "routes": [{"model": "m", "split": {"arms": [{"name": "a", "weight": 1, "backends": ["vllm-pool"]},
+                                                     {"name": "b", "weight": 1, "backends": ["vllm-a"]}]}}],
+    })
+    assert split.routes[0].candidates == ["vllm-pool", "vllm-a"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({"routes": BASE["routes"]}, "give `backends`, `discovery` or both"),
+        ({**BASE, "discovery": [{**POOL, "name": "vllm-a"}]}, "discovery: names used twice"),
+        ({**BASE, "discovery": [POOL, POOL]}, "discovery: names used twice"),
+        ({**BASE, "discovery": [{**POOL, "dns": {"host": "x"}}]}, "discovery.0.dns"),
+        ({"discovery": [POOL], "routes": [{"model": "m", "backends": ["other-pool"]}]}, "routes.0.backends"),
+    ],
+)
+def test_bad_discovery_config_fails_naming_the_field(doc: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(doc)
+    assert any(needle in line for line in info.value.errors), info.value.errors
+
+
+def test_a_discovered_ipv6_backend_name_is_a_valid_backend_name() -> None:
+    from gateway.discovery import DiscoveryEntry, Endpoint, backends_of
+    from gateway.settings import Backend
+
+    entry = DiscoveryEntry.model_validate({**POOL, "name": "p" * 40})
+    (found,) = backends_of(entry, frozenset({Endpoint.of("fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 65535)}))
+    backend = Backend.model_validate(found.settings())
+    assert backend.name == "p" * 40 + "-[fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+    assert backend.base_url == "http://[fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"

@@ -107,8 +107,10 @@ function drawTotals(doc) {
   const cards = [
     ["requests/s", fmt(t.requests_per_s, 2)], ["output tokens/s", fmt(t.output_tokens_per_s)],
     ["TTFT p50", fmt(ms(t.ttft_s.p50), 1, " ms")], ["ITL p50", fmt(ms(t.itl_s.p50), 1, " ms")],
-    ["error rate", pct(t.error_rate)], ["$ / 1M output", t.cost.usd_per_million_output_tokens == null ? "–"
-      : "$" + fmt(t.cost.usd_per_million_output_tokens, 0)],
+    ["error rate", pct(t.error_rate)],
+    ["$ / 1M output, sustained", usd(t.cost.usd_per_million_output_tokens_at_best, 2)],
+    ["utilisation", pct(t.cost.utilisation)],
+    ["$ / 1M output, at this load", usd(t.cost.usd_per_million_output_tokens, 2)],
   ];
   const box = document.getElementById("totals");
   box.replaceChildren(...cards.map(([k, v]) => {
@@ -155,16 +157,21 @@ function drawBackends(backends, compare) {
     }));
 }
 
+function usd(v, digits) {
+  return v == null ? "–" : "$" + fmt(v, digits);
+}
+
+// Cost columns lead with the cost at sustained throughput (what the runtime costs when it is used),
+// then the utilisation, then the cost at the observed load, where idle hours are paid for.
 function drawRuntimes(rows) {
   table("runtimes", ["runtime", "req/s", "out tok/s", "in tok/s", "TTFT p50/p95/p99 ms", "ITL p50/p95/p99 ms",
-                     "errors", "cached", "SLA", "$/1M out", "$/1M at best", "n"],
+                     "errors", "cached", "SLA", "$/1M sustained", "utilisation", "$/1M at this load", "n"],
     rows.map((r) => [r.name, fmt(r.requests_per_s, 2), fmt(r.output_tokens_per_s), fmt(r.prompt_tokens_per_s),
       ["p50", "p95", "p99"].map((k) => fmt(ms(r.ttft_s[k]))).join(" / "),
       ["p50", "p95", "p99"].map((k) => fmt(ms(r.itl_s[k]))).join(" / "),
       pct(r.error_rate), pct(r.cached_token_share), pct(r.sla.attainment),
-      r.cost.usd_per_million_output_tokens == null ? "–" : "$" + fmt(r.cost.usd_per_million_output_tokens, 2),
-      r.cost.usd_per_million_output_tokens_at_best == null ? "–" : "$" + fmt(r.cost.usd_per_million_output_tokens_at_best, 2),
-      fmt(r.requests, 0)]));
+      usd(r.cost.usd_per_million_output_tokens_at_best, 2), pct(r.cost.utilisation),
+      usd(r.cost.usd_per_million_output_tokens, 2), fmt(r.requests, 0)]));
 }
 
 function drawAb(ab) {
@@ -191,9 +198,11 @@ async function getJson(url) {
 
 async function poll() {
   const windowS = document.getElementById("window").value;
+  const scope = document.getElementById("scope").value;
   const status = document.getElementById("status");
   try {
-    const [doc, be] = await Promise.all([getJson("/admin/compare?window=" + windowS), getJson("/admin/backends")]);
+    const [doc, be] = await Promise.all([
+      getJson("/admin/compare?window=" + windowS + "&scope=" + scope), getJson("/admin/backends")]);
     drawTotals(doc);
     const hist = { ...doc.history, runtime: doc.history.runtimes, backend: doc.history.backends };
     drawCharts("runtime", hist);
@@ -205,7 +214,10 @@ async function poll() {
     updates += 1;
     document.body.dataset.updates = String(updates);
     document.body.dataset.totalRequests = String(doc.total.requests);
-    status.textContent = `live · window ${windowS} s · update ${updates}`;
+    const where = doc.scope === "fleet" ? `fleet of ${(doc.replicas || []).length} replicas`
+      : `${doc.workers || 1} worker${(doc.workers || 1) > 1 ? "s" : ""}`;
+    document.body.dataset.scope = doc.scope || "replica";
+    status.textContent = `live · ${where} · window ${windowS} s · update ${updates}`;
     status.className = "status ok";
   } catch (err) {
     status.textContent = "error: " + err.message;
@@ -214,5 +226,8 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
-// A new window takes effect at the next poll (at most POLL_MS later).
+// A new window or scope takes effect at the next poll (at most POLL_MS later). `?scope=fleet` in the
+// page's address starts on the fleet view (a link or bookmark to it).
+const wantedScope = new URLSearchParams(location.search).get("scope");
+if (wantedScope === "fleet" || wantedScope === "replica") document.getElementById("scope").value = wantedScope;
 poll();

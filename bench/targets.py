@@ -1,0 +1,80 @@
+"""The processes `bench overhead` measures side by side, each in front of one upstream.
+
+For every upstream (nginx's JSON port, nginx's SSE port, the dripping SSE server) one set of targets:
+**direct** (the upstream itself), **gateway** (`python -m gateway serve` as `make install` built it),
+**pure** (the same sources without the modules `make native` compiled, when any are), **lean**
+(bench/lean_proxy.py: the gateway's HTTP layers and nothing else, the plain byte relay), **naive**
+(bench/naive_proxy.py, a bare aiohttp proxy) and, with `--peers`, the pinned Rust routers (and with
+`--litellm` the LiteLLM proxy). Every target runs in a session of its own, so its CPU is read from
+/proc over its whole process group, whatever threads or workers it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import peers, procs
+from bench.procs import Gateway, PyServer
+
+PYTHON = ("gateway", "pure", "lean", "naive")  # read counts of these are socket reads (uvloop reads with read(2))
+ORDER = ("direct", "gateway", "pure", "lean", "naive", "vllm-router", "sglang-router", "litellm")
+
+
+@dataclass(slots=True)
+class Target:
+    name: str  # one of ORDER
+    url: str  # base URL
+    pgid: int  # the process group doing the work (for direct: the upstream's)
+    command: str = ""
+
+    def cpu(self) -> float:
+        return procs.group_cpu_seconds(self.pgid)
+
+    def cpu_ticks(self) -> float:
+        return procs.group_cpu_ticks(self.pgid)
+
+    def reads(self) -> int | None:
+        """Socket reads so far, where the read-syscall count means that (our Python servers)."""
+        return procs.group_read_calls(self.pgid) if self.name in PYTHON else None
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    pure_sources: Path | None  # None: the gateway is pure Python already (no `make native`)
+    peers: Sequence[peers.Peer]  # installed peers to run
+
+
+def start(label: str, upstream_url: str, upstream_pgid: int, tmp: Path, opts: Options, started: list[Any],
+          ready_body: bytes, notes: list[str]) -> list[Target]:
+    """Starts one set of targets in front of `upstream_url`; each process is appended to `started`
+    (the caller stops them). A peer that does not answer `ready_body` is left out with a note."""
+    out = [Target("direct", upstream_url, upstream_pgid)]
+    gw = Gateway(f"gateway-{label}", upstream_url, tmp)
+    started.append(gw)
+    out.append(Target("gateway", gw.url, gw.pid))
+    if opts.pure_sources is not None:
+        pure = Gateway(f"pure-{label}", upstream_url, tmp, sources=opts.pure_sources)
+        started.append(pure)
+        out.append(Target("pure", pure.url, pure.pid))
+    for name, module in (("lean", "bench.lean_proxy"), ("naive", "bench.naive_proxy")):
+        server = PyServer(f"{name}-{label}", module, ["--upstream", upstream_url], tmp)
+        started.append(server)
+        out.append(Target(name, server.url, server.pid))
+    running = []
+    for peer in opts.peers:
+        r = peers.start(peer, upstream_url, tmp, f"{peer.name}-{label}")
+        started.append(r)
+        running.append(r)
+    for r in running:  # started together, waited for in turn: their start-ups overlap
+        why = peers.wait_ready(r, ready_body)
+        if why is None:
+            out.append(Target(r.peer.name, r.url, r.pid, r.command))
+        else:
+            notes.append(f"peer {r.peer.name} ({label}) left out: it did not answer a chat completion ({why}); "
+                         f"log: {peers.log_tail(r)!r}")
+            r.stop()
+            started.remove(r)
+    return out

@@ -1,0 +1,13 @@
+"""One gateway, however many processes: what the workers of a host share through their supervisor,
+and what replicas share through the optional store.
+
+Roles: `clock` (the one time base of every gateway process), `channel` (framed two-way RPC over a
+private Unix socket), `scrape` (one /metrics summed over workers, monotonic across restarts),
+`hub` (the supervisor's side: probes once, limits, fans admin writes out, merges metrics and
+windows), `link` (a worker's side of the same channel), `supervisor` (starts, restarts and stops the
+workers), `coordinator` (what a process's admin endpoints call: its own state, or the hub's),
+`overrides` and `fleet` (live weights and window data shared through the store).
+
+May import every room below it (state, access, stats, observability, admin); only `app` and
+`process` import it.
+"""

@@ -1,0 +1,193 @@
+"""A worker's side of its supervisor's channel (see `hub` for what goes through it).
+
+The worker connects before it builds anything: its first config generation starts from the hub's
+last probe round and the weights set at run time, so a worker that replaces a crashed one serves
+with the gateway's state from its first request. What the hub asks of a worker: its metric families
+(`collect`), its windows (`stats`), to apply weights (`apply_weights`), to reload (`reload`), who it
+is (`identity`); and it tells it each probe round (`probes`). What the worker asks of the hub: to
+admit and charge keyed requests (`HostLimiter`), and everything an admin surface does (`Remote`).
+When the channel closes (the supervisor is gone) the worker drains and exits: no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from ..access.ratelimit import Decision, KeyLimits, Limiter
+from ..state.generations import Generations
+from ..state.health import Poller
+from ..state.health_feed import FollowedPoller, ProbeFeed
+from ..state.pool import Pool
+from ..state.reload import Reloaded, Reloader, ReloadRejected
+from ..stats import StatsBook
+from ..stats.export import export_book
+from .channel import Channel, ChannelClosed, Handler, RemoteError
+from .scrape import dump
+
+ADMIT_TIMEOUT_S = 1.0  # past it the request is admitted by this worker's own buckets
+
+
+class HostLimiter:
+    """The hub's buckets (one budget for the whole host); `fallback` if the hub does not answer."""
+
+    def __init__(self, channel: Channel, fallback: Limiter) -> None:
+        self._channel = channel
+        self.fallback = fallback
+
+    async def admit(self, key: KeyLimits) -> Decision:
+        rpm, tpm = key.requests_per_minute or 0, key.tokens_per_minute or 0
+        if not rpm and not tpm:
+            return Decision()
+        try:
+            refused, levels = await self._channel.call("admit", [key.id, rpm, tpm], timeout_s=ADMIT_TIMEOUT_S)
+        except (ChannelClosed, RemoteError, TimeoutError):
+            return await self.fallback.admit(key)
+        return Decision(None if refused is None else (int(refused[0]), str(refused[1])),
+                        {str(k): float(v) for k, v in levels.items()})
+
+    def charge(self, key: KeyLimits, tokens: int) -> None:
+        if key.tokens_per_minute is None or tokens <= 0:
+            return
+        if self._channel.closed.is_set():
+            self.fallback.charge(key, tokens)
+            return
+        self._channel.notify("charge", [key.id, key.requests_per_minute or 0, key.tokens_per_minute, tokens])
+
+
+@dataclass
+class WorkerParts:
+    """What the hub reaches in a built worker."""
+
+    registry: CollectorRegistry
+    book: StatsBook
+    generations: Generations
+    reloader: Reloader
+    clock: Callable[[], float]
+    served: Callable[[], float]
+
+
+class WorkerLink:
+    def __init__(self, channel: Channel, slot: int, task: asyncio.Task[None], state: dict[str, Any]) -> None:
+        self.channel = channel
+        self.slot = slot
+        self._task = task
+        self.feed = ProbeFeed()
+        self.feed.publish(state.get("probes", []))
+        self.overrides: dict[str, dict[str, float]] = state.get("overrides", {})
+        self.parts: WorkerParts | None = None
+        channel.handle("probes", self.feed.publish)
+
+    @property
+    def closed(self) -> asyncio.Event:
+        return self.channel.closed
+
+    @classmethod
+    async def connect(cls, path: str | Path, slot: int) -> WorkerLink:
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        channel = Channel(reader, writer, {}, name=f"worker-{slot}->hub")
+        task = asyncio.get_running_loop().create_task(channel.run(), name="hub-channel")
+        state = await channel.call("hello", {"slot": slot, "pid": os.getpid()})
+        return cls(channel, slot, task, state)
+
+    def limiter(self, fallback: Limiter) -> HostLimiter:
+        return HostLimiter(self.channel, fallback)
+
+    def poller(self, pool: Pool, clock: Callable[[], float], own: Poller) -> FollowedPoller:
+        """The supervisor's probe results for `pool`; `own` probes what the supervisor does not."""
+        return FollowedPoller(pool, self.feed, clock, own)
+
+    def attach(self, parts: WorkerParts) -> Remote:
+        """Answer the hub from now on; adopt the weights set at run time; the worker's coordinator."""
+        self.parts = parts
+
+        def collect(_: Any) -> list[list[Any]]:
+            return dump(parts.registry)
+
+        def stats(body: dict[str, Any]) -> dict[str, Any]:
+            max_samples = body.get("max_samples") if isinstance(body, dict) else None
+            return export_book(parts.book, parts.clock(), max_samples=max_samples)
+
+        def apply_weights(body: list[Any]) -> dict[str, float]:
+            model, weights = body
+            return parts.generations.current.proxy.set_weights(str(model), {str(k): float(v)
+                                                                            for k, v in weights.items()})
+
+        async def reload(_: Any) -> dict[str, Any]:
+            try:
+                done = await parts.reloader.reload()
+            except ReloadRejected as exc:
+                return {"errors": exc.errors}
+            return {"generation": done.generation, "restart_required": done.restart_required}
+
+        def identity(_: Any) -> dict[str, Any]:
+            return {"pid": os.getpid(), "requests": parts.served(),
+                    "generation": parts.generations.current.number}
+
+        handlers: dict[str, Handler] = {"collect": collect, "stats": stats, "apply_weights": apply_weights,
+                                        "reload": reload, "identity": identity}
+        for name, handler in handlers.items():
+            self.channel.handle(name, handler)
+        self._adopt(self.overrides)
+        return Remote(self, parts.generations)
+
+    def _adopt(self, overrides: Mapping[str, Mapping[str, float]]) -> None:
+        assert self.parts is not None
+        proxy = self.parts.generations.current.proxy
+        for model, weights in overrides.items():
+            if proxy.weights(model):
+                try:
+                    proxy.set_weights(model, weights)
+                except (KeyError, ValueError):
+                    continue
+
+    async def resync(self) -> None:
+        """Adopt the hub's state as it is now (after `attach`: no change can fall in between)."""
+        state = await self.channel.call("state")
+        self.feed.publish(state.get("probes", []))
+        self._adopt(state.get("overrides", {}))
+
+    async def close(self) -> None:
+        await self.channel.close()
+        self._task.cancel()
+
+
+class Remote:
+    """The coordinator of a worker: every admin action is the hub's, for all workers."""
+
+    def __init__(self, link: WorkerLink, generations: Generations) -> None:
+        self._link = link
+        self._generations = generations
+
+    def weights(self, model: str) -> dict[str, float]:
+        return self._generations.current.proxy.weights(model)
+
+    async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
+        live = self._generations.current.proxy.set_weights(model, weights)  # validates (404, 400) here
+        answer: dict[str, float] = await self._link.channel.call("weights", [model, live], timeout_s=30.0)
+        return answer
+
+    async def reload(self) -> Reloaded:
+        answer = await self._link.channel.call("reload", timeout_s=120.0)
+        if answer.get("errors"):
+            raise ReloadRejected(list(answer["errors"]))
+        return Reloaded(int(answer["generation"]), list(answer["restart_required"]))
+
+    async def compare(self, window: int, scope: str) -> dict[str, Any]:
+        doc: dict[str, Any] = await self._link.channel.call("compare", {"window": window, "scope": scope},
+                                                            timeout_s=60.0)
+        return doc
+
+    async def workers(self) -> dict[str, Any]:
+        doc: dict[str, Any] = await self._link.channel.call("workers", timeout_s=30.0)
+        return {**doc, "answered_by": self._link.slot}
+
+    async def metrics(self, accept: str) -> tuple[bytes, str]:
+        page, content_type = await self._link.channel.call("metrics", {"accept": accept}, timeout_s=30.0)
+        return str(page).encode(), str(content_type)

@@ -1,0 +1,32 @@
+"""What the comparison reads of a book of windows: the live `StatsBook` of one process, or a
+`MergedBook` of several (`stats.export`: the workers of a gateway, the replicas of a fleet)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from .book import Group, WeightsFn
+
+
+class BookView(Protocol):
+    @property
+    def started_at(self) -> float: ...
+
+    @property
+    def prices(self) -> Mapping[str, float | None]: ...
+
+    @property
+    def weights(self) -> WeightsFn: ...
+
+    @property
+    def total(self) -> Group: ...
+
+    @property
+    def backends(self) -> Mapping[str, Group]: ...
+
+    @property
+    def runtimes(self) -> Mapping[str, Group]: ...
+
+    @property
+    def arms(self) -> Mapping[tuple[str, str], Group]: ...

@@ -1,0 +1,67 @@
+"""The replicas tier: a real Redis and several real `gateway serve` processes sharing it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import Emulators, GatewayProcess, LoopThread
+
+from .redis_server import RedisServer, available
+
+
+@pytest.fixture(scope="module")
+def loop_thread() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def emulators(loop_thread: LoopThread) -> Iterator[Emulators]:
+    emus = Emulators(loop_thread)
+    yield emus
+    emus.stop_all()
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    if not available():
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; `make system-deps`)")
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+Replicas = Callable[..., list[GatewayProcess]]
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[Replicas]:
+    """`replicas(config, n, workers=1, **state)`: n gateways of one config (each its own replica_id),
+    started at once; all stopped at the end."""
+    started: list[GatewayProcess] = []
+
+    def start(config: dict[str, Any], n: int, *, workers: int = 1, redis: RedisServer | None = None,
+              **state: Any) -> list[GatewayProcess]:
+        def one(i: int) -> GatewayProcess:
+            cfg = dict(config)
+            if redis is not None:
+                cfg["state"] = {"redis_url": redis.url, "replica_id": f"replica-{len(started) + i}", **state}
+            workdir = tmp_path / f"replica-{len(started) + i}"
+            workdir.mkdir()
+            return GatewayProcess(cfg, workdir, workers=workers)
+
+        with ThreadPoolExecutor(n) as pool:
+            gateways = list(pool.map(one, range(n)))
+        started.extend(gateways)
+        return gateways
+
+    yield start
+    for gw in started:
+        gw.stop()

@@ -1,0 +1,155 @@
+"""The store's parts against a real Redis: atomic shared buckets, newest-wins weights, the fleet's
+window data with a time to live, and the fallback to local state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.access.ratelimit import KeyLimiter, Limits, LocalLimiter
+from gateway.access.shared_limits import RedisLimiter
+from gateway.cluster.fleet import FleetStats
+from gateway.cluster.overrides import Override, SharedWeights
+from gateway.settings import State
+from gateway.state.store import Store, StoreDown
+
+from .redis_server import RedisServer, free_port
+
+
+async def store_for(redis: RedisServer, registry: CollectorRegistry | None = None) -> Store:
+    store = Store(State(redis_url=redis.url, timeout_s=0.2), registry=registry)
+    await store.start()
+    return store
+
+
+@pytest.fixture
+async def stores(redis: RedisServer) -> AsyncIterator[list[Store]]:
+    """Four clients of one Redis: four replicas as far as Redis can tell."""
+    opened = [await store_for(redis) for _ in range(4)]
+    yield opened
+    for s in opened:
+        await s.close()
+
+
+def local() -> LocalLimiter:
+    return LocalLimiter(KeyLimiter(time.monotonic))
+
+
+async def test_the_burst_is_the_per_minute_figure_and_then_it_says_when(stores: list[Store]) -> None:
+    limiter = RedisLimiter(stores[0], local())
+    key = Limits("burst", 30, None)
+    results = [await limiter.admit(key) for _ in range(31)]
+    assert [r.refused for r in results[:30]] == [None] * 30
+    assert [r.levels["requests"] for r in results[:3]] == pytest.approx([29, 28, 27], abs=0.01)
+    assert results[30].refused == (2, "requests")  # one request refills in 2 s at 30 a minute
+
+
+async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]) -> None:
+    """200 admissions at once from four replicas against a burst of 50: the script runs alone."""
+    limiters = [RedisLimiter(s, local()) for s in stores]
+    key = Limits("race", 50, None)
+    started = time.monotonic()
+    results = await asyncio.gather(*(limiters[i % 4].admit(key) for i in range(200)))
+    refill = (time.monotonic() - started) * 50 / 60
+    granted = [r.refused for r in results].count(None)
+    assert 50 <= granted <= 50 + refill + 1
+
+
+async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) -> None:
+    a, b = RedisLimiter(stores[0], local()), RedisLimiter(stores[1], local())
+    key = Limits("tokens", None, 600)
+    assert (await a.admit(key)).refused is None
+    a.charge(key, 1800)  # a big answer: 3 minutes' worth
+    await a.flush()
+    decision = await b.admit(key)
+    assert decision.refused is not None
+    wait, kind = decision.refused
+    assert decision.levels["tokens"] == pytest.approx(-1200, abs=20)
+    assert kind == "tokens"
+    assert 115 <= wait <= 121  # 1,200 tokens below zero at 10 a second
+
+
+async def test_a_changed_limit_starts_a_full_bucket(stores: list[Store]) -> None:
+    limiter = RedisLimiter(stores[0], local())
+    for _ in range(5):
+        assert (await limiter.admit(Limits("changed", 5, None))).refused is None
+    assert (await limiter.admit(Limits("changed", 5, None))).refused is not None
+    assert (await limiter.admit(Limits("changed", 10, None))).refused is None  # a reload raised the limit
+
+
+async def test_with_the_store_down_the_fallback_decides(redis: RedisServer) -> None:
+    registry = CollectorRegistry()
+    store = await store_for(redis, registry)
+    fallback = local()
+    limiter = RedisLimiter(store, fallback)
+    try:
+        key = Limits("down", 3, 100)
+        assert (await limiter.admit(key)).refused is None
+        redis.stop()
+        assert (await limiter.admit(key)).refused is None  # the first failure marks the store down ...
+        assert store.up is False
+        assert registry.get_sample_value("gateway_state_store_up") == 0
+        assert (await limiter.admit(key)).refused is None  # ... and from then on nothing waits on Redis
+        assert (await limiter.admit(key)).refused is None
+        assert (await limiter.admit(key)).refused is not None  # the local bucket: 3 a minute
+        limiter.charge(key, 50)
+        assert fallback.buckets._tokens["down"].level == 50
+        assert (registry.get_sample_value("gateway_state_store_fallbacks_total", {"use": "limits"}) or 0) >= 4
+    finally:
+        await store.close()
+
+
+async def test_a_store_that_never_answers_is_down_at_once() -> None:
+    store = Store(State(redis_url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.1))
+    await store.start()
+    try:
+        assert store.up is False
+        with pytest.raises(StoreDown):
+            await store.run(lambda client: client.ping())
+    finally:
+        await store.close()
+
+
+async def test_newer_weights_win_whoever_writes_last(stores: list[Store]) -> None:
+    applied: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
+
+    def shared(store: Store, name: str) -> SharedWeights:
+        async def apply(model: str, weights: dict[str, float]) -> None:
+            applied[name].append(weights)
+
+        return SharedWeights(store, replica=name, apply=apply, fingerprints=lambda: {"ab": "f1"}, interval_s=60)
+
+    a, b = shared(stores[0], "a"), shared(stores[1], "b")
+    assert await a.put("ab", {"x": 1.0, "y": 9.0})
+    assert await b.sync_once() == 1
+    assert applied["b"] == [{"x": 1.0, "y": 9.0}]
+    late = Override({"x": 5.0, "y": 5.0}, "f1", 0.0, "old-replica")  # written late, but made long ago
+
+    async def stale_write(client: object) -> object:
+        return await a._put(keys=[a.key], args=["ab", late.encode(), late.at], client=client)  # type: ignore[arg-type]
+
+    assert await stores[2].run(stale_write) == 0  # refused: the stored change is newer
+    assert await b.sync_once() == 0
+    assert await a.sync_once() == 0  # its own change is not applied back to itself
+
+
+async def test_the_fleet_lists_live_replicas_and_forgets_silent_ones(stores: list[Store]) -> None:
+    def fleet(store: Store, name: str, interval_s: float) -> FleetStats:
+        async def export(max_samples: int | None) -> dict[str, object]:
+            return {"version": 1, "name": name, "max_samples": max_samples}
+
+        return FleetStats(store, replica=name, export=export, interval_s=interval_s, workers=lambda: 2)
+
+    a, b = fleet(stores[0], "a", 10.0), fleet(stores[1], "b", 10.0)
+    await a.publish_once()
+    await b.publish_once()
+    others = await a.others()
+    assert [o["name"] for o in others] == ["b"]
+    assert others[0]["max_samples"] == 16  # thinned for the trip
+    assert others[0]["workers"] == 2
+    ttl_ms = await stores[2].client.pttl(stores[2].key("fleet", "b"))
+    assert 25_000 < ttl_ms <= 30_000  # three publishing intervals
