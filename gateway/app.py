@@ -42,6 +42,7 @@ from .http.handlers import Handlers, error_middleware
 from .http.native_front import Front
 from .kvcache import KvCaches, KvIntake
 from .kvcache.collector import KvCollector
+from .kvcache.intake import backend_headers
 from .observability.metrics import Recorder
 from .observability.process import SelfHealth
 from .proxy.accounting import Accounting
@@ -170,7 +171,8 @@ async def build(
     registry.register(KvCollector(kv_caches))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
     upstream = UpstreamPool(connect_timeout_s=settings.timeouts.connect_s)  # the request path
-    kv_intake = KvIntake(kv_caches, session, sleep=sleep)
+    # under `--workers N`, what only one process may hear comes through the supervisor (`kvcache.relay`)
+    kv_intake = KvIntake(kv_caches, session, sleep=sleep, relay_dir=None if link is None else link.directory)
     if discovery_source is None:
 
         def discovery_source(entry: DiscoveryEntry) -> Source:  # backoff jitter: each its own generator
@@ -199,9 +201,7 @@ async def build(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
             throughput=stats.peak_output_tps, splits=splits, owners=owners, tokenizers=tokenizers,
         )
-        kv_intake.reconcile(settings.backends, {
-            name: {"Authorization": f"Bearer {key.get_secret_value()}"} for name, key in secrets.backend_keys.items()
-        })
+        kv_intake.reconcile(settings.backends, backend_headers(secrets.backend_keys))
         own = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
         # a worker under `--workers N` applies its supervisor's probes (once for all workers)
         poller: Poller = own if link is None else link.poller(pool, clock, own)

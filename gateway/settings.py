@@ -52,9 +52,10 @@ class KvEvents(_Strict):
     vLLM and SGLang: a ZMQ PUB socket. By default the engine binds it (`--kv-events-config`
     endpoint `tcp://*:5557`) and the gateway connects to `endpoint` (`tcp://engine-host:5557`);
     any number of gateway replicas can subscribe. With `bind: true` the gateway binds `endpoint`
-    and the engine connects to it (an engine given a concrete address connects): one gateway
-    process only. trtllm-serve: events are polled from the backend's `POST /kv_cache_events`
-    (no endpoint; that queue is drained, so one gateway process only).
+    and the engine connects to it (an engine given a concrete address connects): one process
+    binds it (under `--workers N`, the supervisor, which relays to its workers). trtllm-serve:
+    events are polled from the backend's `POST /kv_cache_events` (no endpoint; that queue is
+    drained: one poller per host, the supervisor under `--workers N`).
     """
 
     endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://.+")] | None = None

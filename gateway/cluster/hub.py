@@ -17,7 +17,10 @@ worker's private channel (`channel`, on a Unix socket in a 0700 directory):
   (`gateway_worker_restarts_total`, `gateway_workers`) join them;
 - **one comparison**: `/admin/compare` merges every worker's windows (`stats.export`), so counts,
   throughput and cost per 1M tokens are the whole gateway's; with a store, the hub publishes them
-  for the fleet view (`fleet`).
+  for the fleet view (`fleet`);
+- **one listener for KV events only one process may hear** (a bound endpoint, trtllm-serve's
+  draining `/kv_cache_events`): the hub receives and republishes them to every worker
+  (`kvcache.relay`); workers connect to engines' own publishers themselves.
 
 SGLang's router runs as one process; Envoy runs one process with a thread per core and shares its
 stats and limits in memory. Here the workers are processes, so the supervisor plays that role.
@@ -42,6 +45,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..access.ratelimit import KeyLimiter, Limits
 from ..access.secrets import resolve_secrets
+from ..kvcache.intake import backend_headers
+from ..kvcache.relay import KvRelay
 from ..settings import ConfigError, Settings, load_settings
 from ..state.health import HealthPoller
 from ..state.health_feed import Result, results
@@ -118,6 +123,7 @@ class Hub:
         self._pool = build_pool(settings)
         self._session: aiohttp.ClientSession | None = None
         self._poller: HealthPoller | None = None
+        self.kv_relay: KvRelay | None = None
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
@@ -138,6 +144,8 @@ class Hub:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
         self._poller = self._new_poller(self._pool)
         self._server = await asyncio.start_unix_server(self._connected, path=str(socket_path))
+        self.kv_relay = KvRelay(socket_path.parent, self._session)  # before the workers subscribe
+        self._relay_kv_events(self.settings)
         await self._poller.poll_once()
         self.probes = results(self._pool)
         if self.store is not None:
@@ -163,8 +171,20 @@ class Hub:
         for part in (self.shared, self.fleet, self.store):
             if part is not None:
                 await part.close()
+        if self.kv_relay is not None:
+            await self.kv_relay.close()
         if self._session is not None:
             await self._session.close()
+
+    def _relay_kv_events(self, settings: Settings) -> None:
+        """The KV events only one process may hear, heard here for every worker (`kvcache.relay`)."""
+        if self.kv_relay is None:
+            return
+        try:
+            keys = resolve_secrets(settings, source=self._config_path or "<config>").backend_keys
+        except ConfigError:  # (the workers refuse such a config themselves)
+            keys = {}
+        self.kv_relay.reconcile(settings.backends, backend_headers(keys))
 
     def _new_poller(self, pool: Pool) -> HealthPoller:
         assert self._session is not None
@@ -355,6 +375,7 @@ class Hub:
             self._pool, self._poller = pool, self._new_poller(pool)
             await self._poller.poll_once()
             self.probes = results(pool)
+            self._relay_kv_events(settings)  # before the workers reload: theirs subscribe to it
             changed = {m for m in before if after.get(m) != before[m]}
             for model in changed:
                 self.overrides.pop(model, None)

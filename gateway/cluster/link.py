@@ -74,9 +74,11 @@ class WorkerParts:
 
 
 class WorkerLink:
-    def __init__(self, channel: Channel, slot: int, task: asyncio.Task[None], state: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel, slot: int, task: asyncio.Task[None], state: dict[str, Any],
+                 directory: Path | None = None) -> None:
         self.channel = channel
         self.slot = slot
+        self.directory = directory  # the supervisor's private directory (its KV event relays, `kvcache.relay`)
         self._task = task
         self.feed = ProbeFeed()
         self.feed.publish(state.get("probes", []))
@@ -94,7 +96,7 @@ class WorkerLink:
         channel = Channel(reader, writer, {}, name=f"worker-{slot}->hub")
         task = asyncio.get_running_loop().create_task(channel.run(), name="hub-channel")
         state = await channel.call("hello", {"slot": slot, "pid": os.getpid()})
-        return cls(channel, slot, task, state)
+        return cls(channel, slot, task, state, Path(path).parent)
 
     def limiter(self, fallback: Limiter) -> HostLimiter:
         return HostLimiter(self.channel, fallback)

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -41,6 +44,22 @@ TICK_S = 1.0
 POLL_TIMEOUT_S = 30.0  # one trtllm-serve poll (it answers within ~2 s when idle)
 RETRY_S = 1.0  # after a failed poll
 MIN_EMPTY_POLL_S = 0.1  # an empty answer faster than this (a server that does not wait) is paced
+
+
+def relayed(b: Backend) -> bool:
+    """Whether only one process may hear this backend's events: a bound endpoint (the engine
+    connects to one address) or trtllm-serve's draining `/kv_cache_events`. Under `--workers N` the
+    supervisor hears those and relays them to the workers (`relay`); a connecting subscriber can be
+    one of many (a PUB socket sends every subscriber everything), so each worker connects itself."""
+    kv = b.kv_events
+    return kv is not None and (kv.bind or kv.endpoint is None)
+
+
+def relay_endpoint(directory: Path, backend: str) -> str:
+    """Where the supervisor republishes `backend`'s events: an ipc socket in its private directory
+    (named by a digest: backend names may hold any character)."""
+    digest = hashlib.blake2b(backend.encode(), digest_size=8).hexdigest()
+    return f"ipc://{directory}/kv-{digest}"
 
 
 def rank_endpoint(endpoint: str, rank: int) -> str:
@@ -86,7 +105,9 @@ class ZmqIntake:
     """One vLLM/SGLang backend's SUB socket and its receive loop."""
 
     def __init__(self, cfg: KvEvents, cache: BackendCache, ctx: zmq.asyncio.Context,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], *, relayed: str | None = None) -> None:
+        """With `relayed`, connect to that endpoint (the supervisor's relay of every rank's
+        messages, `kvcache.relay`) instead of the engine's."""
         assert cfg.endpoint is not None
         self.cfg = cfg
         self.cache = cache
@@ -96,10 +117,13 @@ class ZmqIntake:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
         self.sock.setsockopt(zmq.SUBSCRIBE, cfg.topic.encode())
-        self.endpoints = [rank_endpoint(cfg.endpoint, r) for r in range(cfg.data_parallel_size)]
+        if relayed is not None:
+            self.endpoints = [relayed]
+        else:
+            self.endpoints = [rank_endpoint(cfg.endpoint, r) for r in range(cfg.data_parallel_size)]
         try:
             for ep in self.endpoints:
-                if cfg.bind:
+                if cfg.bind and relayed is None:
                     self.sock.bind(ep)
                 else:
                     self.sock.connect(ep)
@@ -133,27 +157,46 @@ class ZmqIntake:
             log.info("backend %s: KV event replay from seq %d failed (%s)", cache.name, first_missing, exc)
             cache.lose(rank, why, self._clock())
             return
-        if not cache.fill(rank, [b for b in batches if b.rank == rank or len(self.endpoints) == 1], self._clock()):
+        if not cache.fill(rank, [b for b in batches if b.rank == rank or self.cfg.data_parallel_size == 1],
+                          self._clock()):
             log.info("backend %s: replay could not fill the KV event gap from seq %d", cache.name, first_missing)
 
     def close(self) -> None:
         self.sock.close(linger=0)
 
 
-class TrtllmIntake:
-    """One trtllm-serve backend's `/kv_cache_events` poll loop."""
+def trtllm_receiver(cache: BackendCache, clock: Callable[[], float]) -> Callable[[bytes], int]:
+    """What a `/kv_cache_events` answer does to a backend's cache; how many events it held."""
 
-    def __init__(self, url: str, headers: Mapping[str, str], cache: BackendCache, session: aiohttp.ClientSession,
-                 clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
+    def receive(body: bytes) -> int:
+        try:
+            items = decode_trtllm(orjson.loads(body))
+        except (KvDecodeError, orjson.JSONDecodeError) as exc:
+            cache.stats.decode_errors += 1
+            log.debug("backend %s: undecodable /kv_cache_events answer: %s", cache.name, exc)
+            return -1
+        cache.receive_trtllm(items, clock())
+        return len(items)
+
+    return receive
+
+
+class TrtllmIntake:
+    """One trtllm-serve backend's `/kv_cache_events` poll loop; each answer goes to `deliver`
+    (`trtllm_receiver`, or the supervisor's relay), which says how many events it held (-1: none
+    readable)."""
+
+    def __init__(self, url: str, headers: Mapping[str, str], deliver: Callable[[bytes], int],
+                 session: aiohttp.ClientSession, clock: Callable[[], float],
+                 sleep: Callable[[float], Awaitable[None]]) -> None:
         self.url = url.rstrip("/") + "/kv_cache_events"
         self.headers = dict(headers)
-        self.cache = cache
+        self.deliver = deliver
         self._session = session
         self._clock = clock
         self._sleep = sleep
 
     async def run(self) -> None:
-        cache = self.cache
         timeout = aiohttp.ClientTimeout(total=POLL_TIMEOUT_S)
         while True:
             started = self._clock()
@@ -167,22 +210,51 @@ class TrtllmIntake:
             if status != 200:
                 await self._sleep(RETRY_S)
                 continue
-            try:
-                items = decode_trtllm(orjson.loads(body))
-            except (KvDecodeError, orjson.JSONDecodeError) as exc:
-                cache.stats.decode_errors += 1
-                log.debug("backend %s: undecodable /kv_cache_events answer: %s", cache.name, exc)
+            held = self.deliver(body)
+            if held < 0:
                 await self._sleep(RETRY_S)
-                continue
-            cache.receive_trtllm(items, self._clock())
-            if not items and self._clock() - started < MIN_EMPTY_POLL_S:
+            elif held == 0 and self._clock() - started < MIN_EMPTY_POLL_S:
                 await self._sleep(MIN_EMPTY_POLL_S)
 
     def close(self) -> None:
         return None
 
 
-def _closer(intake: ZmqIntake | TrtllmIntake) -> Callable[[asyncio.Task[None]], None]:
+class RelayedTrtllmIntake:
+    """A worker's share of a trtllm-serve backend's events: the supervisor polls (the endpoint
+    drains its queue: one poller only) and republishes each answer; this subscribes to them."""
+
+    def __init__(self, endpoint: str, cache: BackendCache, ctx: zmq.asyncio.Context,
+                 clock: Callable[[], float]) -> None:
+        self.receive = trtllm_receiver(cache, clock)
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            self.sock.connect(endpoint)
+        except zmq.ZMQError:
+            self.sock.close(linger=0)
+            raise
+
+    async def run(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            self.receive(frames[-1])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+Intake = ZmqIntake | TrtllmIntake | RelayedTrtllmIntake
+
+
+def backend_headers(keys: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Each backend's credentials as the headers of its HTTP requests (`Secrets.backend_keys`)."""
+    return {name: {"Authorization": f"Bearer {key.get_secret_value()}"} for name, key in keys.items()}
+
+
+def _closer(intake: Intake) -> Callable[[asyncio.Task[None]], None]:
     def close(_: asyncio.Task[None]) -> None:
         intake.close()
 
@@ -192,7 +264,7 @@ def _closer(intake: ZmqIntake | TrtllmIntake) -> Callable[[asyncio.Task[None]], 
 @dataclass
 class _Running:
     spec: tuple[object, ...]  # what the task was started from: restarted when it changes
-    intake: ZmqIntake | TrtllmIntake
+    intake: Intake
     task: asyncio.Task[None]
 
 
@@ -200,8 +272,11 @@ class KvIntake:
     """The intake tasks of the current config, over the process's `KvCaches`."""
 
     def __init__(self, caches: KvCaches, session: aiohttp.ClientSession, *,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, relay_dir: Path | None = None) -> None:
+        """With `relay_dir` (a worker under `--workers N`: its supervisor's private directory), the
+        backends only one process may hear (`relay.relayed`) are heard through the supervisor."""
         self.caches = caches
+        self.relay_dir = relay_dir
         self._session = session
         self._sleep = sleep
         self._ctx: zmq.asyncio.Context | None = None
@@ -240,15 +315,20 @@ class KvIntake:
     def _spec(b: Backend) -> tuple[object, ...]:
         return (b.runtime, b.base_url, b.kv_events)
 
-    def _intake(self, b: Backend, cache: BackendCache, headers: Mapping[str, str]) -> ZmqIntake | TrtllmIntake:
+    def _intake(self, b: Backend, cache: BackendCache, headers: Mapping[str, str]) -> Intake:
         assert b.kv_events is not None
-        if b.kv_events.endpoint is None:  # trtllm-serve (settings enforce it)
-            return TrtllmIntake(b.base_url, headers, cache, self._session, self.caches.clock, self._sleep)
+        via = relay_endpoint(self.relay_dir, b.name) if self.relay_dir is not None and relayed(b) else None
+        if b.kv_events.endpoint is None and via is None:  # trtllm-serve (settings enforce it)
+            return TrtllmIntake(b.base_url, headers, trtllm_receiver(cache, self.caches.clock), self._session,
+                                self.caches.clock, self._sleep)
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
-        return ZmqIntake(b.kv_events, cache, self._ctx, self.caches.clock)
+        if b.kv_events.endpoint is None:
+            assert via is not None
+            return RelayedTrtllmIntake(via, cache, self._ctx, self.caches.clock)
+        return ZmqIntake(b.kv_events, cache, self._ctx, self.caches.clock, relayed=via)
 
-    async def _guard(self, name: str, intake: ZmqIntake | TrtllmIntake) -> None:
+    async def _guard(self, name: str, intake: Intake) -> None:
         try:
             await intake.run()
         except asyncio.CancelledError:

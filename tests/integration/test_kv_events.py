@@ -55,9 +55,9 @@ def kv_state(gw: GatewayProcess, name: str) -> dict[str, Any]:
     return state
 
 
-def ask(client: openai.OpenAI, messages: list[ChatCompletionMessageParam]) -> tuple[int, int, str]:
+def ask(client: openai.OpenAI, messages: list[ChatCompletionMessageParam], model: str = "moe") -> tuple[int, int, str]:
     """(expected, reported cached tokens, backend) of one request."""
-    raw = client.chat.completions.with_raw_response.create(model="moe", messages=messages, max_tokens=2)
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=2)
     reply = raw.parse()
     assert reply.usage is not None
     details = reply.usage.prompt_tokens_details
@@ -253,3 +253,45 @@ def test_without_events_the_approximate_index_says_what_it_expected(emulators: E
     assert [b["kv_events"] for b in gw.get("/admin/backends").json()["backends"]] == [None]
     assert gw.metric("gateway_prefix_prediction_error_tokens_count", source="approximate") == 2
     assert httpx.get(gw.url + "/metrics").text.count("gateway_kv_events_live{") == 0
+
+
+def ask_fresh(gw: GatewayProcess, messages: list[ChatCompletionMessageParam], model: str) -> tuple[int, int, str]:
+    """`ask` on a connection of its own (so any worker of `--workers N` may answer it)."""
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0) as client:
+        return ask(client, messages, model)
+
+
+def test_workers_each_hear_every_engine_once(emulators: Emulators, gateway: Gateway, tmp_path: Path) -> None:
+    """`--workers 2`: a bound endpoint (only one process can bind it) and trtllm-serve's draining
+    `/kv_cache_events` (two pollers would split the events) are heard once, by the supervisor,
+    and relayed to both workers; an engine that binds its own publisher is subscribed to by each
+    worker. Every worker's index is live for every backend and every prediction is exact."""
+    bound, bound_kv = publishing(emulators, "vllm")
+    trtllm, trtllm_kv = publishing(emulators, "trtllm", block_size=32)
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    connected = emulators.start("vllm", kv_events=KvEventsConfig(endpoint=endpoint), block_size=16, num_kv_blocks=48)
+    backends = [backend_entry("bound", bound, "vllm", **bound_kv),
+                backend_entry("trtllm", trtllm, "trtllm", **trtllm_kv),
+                backend_entry("connected", connected, "vllm", kv_events={"endpoint": endpoint})]
+    gw = gateway(backends, routes=[
+        {"model": "moe", "backends": ["bound", "trtllm"], "policy": "prefix_affinity", "tokenizer": "emulator"},
+        {"model": "solo", "backends": ["connected"], "policy": "prefix_affinity", "tokenizer": "emulator"},
+    ], workers=2)
+    requests = conversations(seed=11, n=60)
+    models = ["moe", "solo"]
+    i = 0
+    while gw.metric("gateway_kv_events_live") < 6:  # /metrics sums both workers: 2 x 3 backends, live
+        ask_fresh(gw, requests[i % len(requests)], models[i % 2])
+        i += 1
+        assert i < 60, [b["kv_events"] for b in gw.get("/admin/backends").json()["backends"]]
+    served: set[str] = set()
+    compared = 0
+    for n, messages in enumerate(requests[:30]):
+        expected, reported, backend = ask_fresh(gw, messages, models[n % 2])
+        served.add(backend)
+        assert expected == reported, (backend, expected, reported)
+        compared += 1
+    assert gw.metric("gateway_kv_events_live") == 6
+    assert served == {"bound", "trtllm", "connected"}
+    error = "gateway_prefix_prediction_error_tokens"
+    assert gw.metric(f"{error}_bucket", source="exact", le="0.0") >= compared
