@@ -12,9 +12,11 @@
    times longer than what moving would re-prefill (measured on multi-turn conversations, bench
    multiturn: the default keeps reuse at 99% of a single infinite cache where a charge of 1x let
    40% of conversations split over backends).
-3. No hit anywhere: the first two candidates by rendezvous score of the request's affinity key
-   (x-prefix-key, else x-session-id, else the first prompt block), and of those the one that holds
-   less of what this gateway placed (`PrefixLookup.held`) -> reason "hash". Two choices balance the
+3. No hit anywhere: the first candidate by rendezvous score of the request's affinity key
+   (x-prefix-key, else x-session-id, else the first prompt block); for an inferred key (the first
+   block) the first two, and of those the one that holds less of what this gateway placed
+   (`PrefixLookup.held`) -> reason "hash". Explicit keys always take the first: requests with the
+   same key land together however short their prompts. Two choices balance the
    content given to each backend (one rendezvous choice left one backend with twice another's
    tenants), while every replica still considers the same two, and removing a backend remaps only
    keys that had it among their two.
@@ -81,7 +83,9 @@ class PrefixAffinity(LoadBounded):
         if key is None:
             return Decision(least_loaded(candidates, None).name, "least_load")
         ranked = by_rendezvous(candidates, key)
-        if len(ranked) > 1:
+        # an explicit key (x-prefix-key, x-session-id) promises its requests land together: only an
+        # inferred one (a new prompt's first block) is balanced between its two choices
+        if len(ranked) > 1 and features.prefix_key is None and features.session_key is None:
             held = snapshot.prefix.held
             if held(ranked[1].name) < held(ranked[0].name):
                 ranked[0], ranked[1] = ranked[1], ranked[0]
