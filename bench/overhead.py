@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", type=_sections, metavar="LIST",
                         help=f"comma-separated parts to run, of {','.join(SECTIONS)} (default: all); "
                              "`--only a,b,c` is the three issue-13 targets")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure the gateway at commit REV, built the same way (issue 12: no regression "
+                             "beyond 5%% CPU per request against the previous commit, side by side)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     parser.add_argument("--duration", type=float, help="seconds per wrk run (default 10, quick 2)")
     parser.add_argument("--drip-gap-ms", type=float, help="c: pause between two events of one stream (default 10)")
@@ -159,7 +162,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     started: list[Any] = []
     busy0, t0 = procs.machine_busy_seconds(), time.monotonic()
     try:
-        _run(plan, res, out, tmp, started, _install(chosen, res))
+        baseline = None
+        if args.baseline:
+            print(f"building the baseline {args.baseline} (mypyc when the current tree is compiled: minutes)")
+            baseline, res.meta["baseline"] = procs.baseline_sources(args.baseline, tmp)
+        _run(plan, res, out, tmp, started, _install(chosen, res), baseline)
     finally:
         for p in reversed(started):
             p.stop()
@@ -205,7 +212,8 @@ def _families(plan: Plan) -> dict[str, bool]:
             "drip": bool(s & {"c", "profile"})}
 
 
-def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], chosen: list[peers.Peer]) -> None:
+def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], chosen: list[peers.Peer],
+         baseline: Path | None) -> None:
     files = {"json": tmp / "chat.json", "sse": tmp / "stream.json", "drip": tmp / "drip.json",
              "drip_long": tmp / "drip-long.json"}
     long = chat_bodies.stream(max_tokens=plan.drip_long_tokens)
@@ -213,7 +221,7 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
         files[key].write_bytes(orjson.dumps(body))
     script = wrk.write_script(tmp)
     need = _families(plan)
-    opts = targets.Options(pure_sources=procs.pure_sources(tmp), peers=chosen)
+    opts = targets.Options(pure_sources=procs.pure_sources(tmp), peers=chosen, baseline=baseline)
     if opts.pure_sources is None:
         res.notes.append("the gateway is pure Python here (no `make native`): no separate pure build measured")
     fams: dict[str, Section] = {}

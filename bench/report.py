@@ -16,6 +16,7 @@ from bench.targets import PYTHON
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
 MIN_ROUNDS = 3  # issue 13: medians of >= 3 interleaved rounds
 CHUNK_GOAL_US = 1.5
+REGRESSION_GOAL = 1.05  # issue 12: CPU per request within 5% of the previous commit's
 SECTION_TITLES = {
     "a": "a. Non-streaming",
     "b": "b. Streaming, 20 events in one write",
@@ -56,6 +57,15 @@ def targets_table(res: dict[str, Any], p: Points) -> list[str]:
         mine, lean = p.med("c", b, "cpu_us_per_chunk"), p.med("c", "lean", "cpu_us_per_chunk")
         out.append(f"| c (amortised): CPU per response beyond lean / its events, {_events(res)} events | {label[b]} | "
                    f"– | {fmt(mine, '.2f')} µs vs lean {fmt(lean, '.2f')} µs per chunk | {fmt(beyond, '.2f')} µs | |")
+    base = res["meta"].get("baseline")
+    for section in ("a", "b", "c", "c_long"):  # issue 12: no regression beyond 5% against the previous commit
+        if not p.of(section, "baseline") or not p.of(section, "gateway"):
+            continue
+        ratio = p.ratio(section, "cpu_us_per_req", "gateway", "baseline")
+        out.append(f"| {section}: CPU per response against commit {base} (issue 12) | {label['gateway']} | "
+                   f"≤ {REGRESSION_GOAL:.2f}x | {fmt(p.med(section, 'gateway', 'cpu_us_per_req'))} µs vs "
+                   f"{fmt(p.med(section, 'baseline', 'cpu_us_per_req'))} µs | {times(ratio)} | "
+                   f"{verdict(None if ratio is None else ratio <= REGRESSION_GOAL)} |")
     return out
 
 
@@ -117,7 +127,7 @@ def ratios_table(p: Points, section: str) -> list[str]:
                            f"{'–' if name == 'lean' else fmt(p.marginal_beyond(name, 'lean'), '.2f')} | "
                            f"{' / '.join(fmt(slopes[k], '.2f') for k in sorted(slopes))} |")
         return out
-    dens = [d for d in ("vllm-router", "sglang-router", "lean", "naive") if d in names]
+    dens = [d for d in ("vllm-router", "sglang-router", "baseline", "lean", "naive") if d in names]
     out = ["| CPU per response, ratio | " + " | ".join(f"/ {d}" for d in dens) + " |",
            "|---|" + "---:|" * len(dens)]
     for name in ("gateway", "pure"):

@@ -68,7 +68,8 @@ def test_targets_table_says_met_and_missed_for_both_builds() -> None:
     # and the amortised figures (1 and 3 µs per chunk) shown without a verdict
     assert verdicts == ["**met**", "**missed**", "**missed**", "**missed**", "**met**", "", "**missed**", ""]
     assert "pure-Python build" in lines[3]
-    assert "| 1.25 µs |" in lines[6] and "| 1.00 µs |" in lines[7]
+    assert "| 1.25 µs |" in lines[6]
+    assert "| 1.00 µs |" in lines[7]
 
 
 def test_the_marginal_cost_per_chunk_cancels_the_per_request_work() -> None:
@@ -81,10 +82,12 @@ def test_the_marginal_cost_per_chunk_cancels_the_per_request_work() -> None:
                    row("c_long", "lean", i, 259 * 10 * noise, events=259)]
     p = Points(points)
     beyond = p.marginal_beyond("gateway", "lean")
-    assert beyond is not None and abs(beyond - 0.5) < 1e-9  # the noisy middle round is the median
+    assert beyond is not None
+    assert abs(beyond - 0.5) < 1e-9
     assert {k: round(v, 9) for k, v in p.slopes("lean").items()} == {0: 10.0, 1: 11.0, 2: 9.0}
     amortised = p.per_chunk_beyond("c", "gateway", "lean")
-    assert amortised is not None and amortised > 7  # 500 µs / 67 events on top
+    assert amortised is not None
+    assert amortised > 7
 
 
 def test_without_vllm_router_there_is_no_verdict_and_the_report_says_why() -> None:
@@ -104,3 +107,18 @@ def test_report_warns_about_too_few_rounds_and_coalesced_events(tmp_path: Path) 
     assert "c, round 1, gateway: 30.0 reads per response for 67 events" in md
     assert "lean: 68.0 reads" not in md
     assert (tmp_path / "targets.png").stat().st_size > 0
+
+
+def test_the_previous_commit_is_a_target_of_its_own() -> None:
+    points = []
+    for i in range(3):
+        points += [row("a", "gateway", i, 100), row("a", "baseline", i, 98),
+                   row("b", "gateway", i, 120), row("b", "baseline", i, 100)]
+    res = result(points)
+    res["meta"]["baseline"] = "a1e4282"
+    lines = [line for line in report.targets_table(res, Points(points)) if "a1e4282" in line]
+    assert len(lines) == 2
+    assert lines[0].endswith("| **met** |")
+    assert "1.02×" in lines[0]
+    assert lines[1].endswith("| **missed** |")
+    assert "1.20×" in lines[1]
