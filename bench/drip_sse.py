@@ -30,7 +30,7 @@ import httptools
 import orjson
 import uvloop
 
-from bench.upstream.bodies import METRICS, WORDS
+from bench.upstream.bodies import METRICS, sse_events
 
 HEAD = {"id": "chatcmpl-drip", "object": "chat.completion.chunk", "created": 1795974001, "model": "tiny-moe"}
 MODELS = orjson.dumps({"object": "list", "data": [{"id": "tiny-moe", "object": "model", "owned_by": "vllm"}]})
@@ -59,28 +59,11 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
-def _event(obj: object) -> bytes:
-    return _chunk(b"data: " + orjson.dumps(obj) + b"\n\n")
-
-
 def stream_writes(tokens: int) -> list[bytes]:
     """The bytes of each write after the response head, in order: role, tokens, usage, [DONE] + end.
     One SSE event per write; `len(stream_writes(n)) == n + 3` events are relayed per response."""
-    writes = [_event({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                           "logprobs": None, "finish_reason": None}],
-                      "prompt_token_ids": None, "prompt_text": None})]
-    for i in range(tokens):
-        last = i == tokens - 1
-        choice: dict[str, object] = {"index": 0, "delta": {"content": WORDS[i % len(WORDS)]}, "logprobs": None,
-                                     "finish_reason": "length" if last else None}
-        if last:
-            choice["stop_reason"] = None
-        choice["token_ids"] = None
-        writes.append(_event({**HEAD, "choices": [choice]}))
-    writes.append(_event({**HEAD, "choices": [], "usage": {
-        "prompt_tokens": 24, "total_tokens": 24 + tokens, "completion_tokens": tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}}}))
-    writes.append(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    writes = [_chunk(e) for e in sse_events(tokens, HEAD, {})]
+    writes[-1] += b"0\r\n\r\n"
     return writes
 
 
