@@ -14,17 +14,14 @@ from typing import Any
 import orjson
 
 from backends.base import (
-    Adapter,
     ClientRequest,
     Endpoint,
-    ErrorBody,
-    Load,
-    Probe,
     Reply,
     StreamTranslator,
     UpstreamFormatError,
     UpstreamRequest,
 )
+from backends.delegating import DelegatingAdapter
 from backends.responses_chat import from_chat, to_chat
 from backends.responses_stream import ChatToResponsesStream
 
@@ -35,29 +32,8 @@ def chat_request(req: ClientRequest) -> ClientRequest:
                          created=req.created)
 
 
-class ResponsesBridge:
+class ResponsesBridge(DelegatingAdapter):
     """`inner`'s adapter, with Responses requests served as chat (other endpoints pass through)."""
-
-    __slots__ = ("_inner", "runtime")
-
-    def __init__(self, inner: Adapter) -> None:
-        self._inner = inner
-        self.runtime = inner.runtime
-
-    @property
-    def liveness(self) -> Probe:
-        return self._inner.liveness
-
-    @property
-    def readiness(self) -> Probe:
-        return self._inner.readiness
-
-    @property
-    def load_path(self) -> str:
-        return self._inner.load_path
-
-    def parse_load(self, body: bytes, previous: Load | None) -> Load:
-        return self._inner.parse_load(body, previous)
 
     def build_request(self, req: ClientRequest, *, model: str, request_id: str) -> UpstreamRequest:
         if req.endpoint is not Endpoint.RESPONSES:
@@ -85,6 +61,3 @@ class ResponsesBridge:
         response = from_chat(obj, req.body, request_id=request_id, created=req.created or 0, model=model,
                              usage=chat.usage)
         return Reply(orjson.dumps(response), chat.usage)
-
-    def normalise_error(self, status: int, body: bytes) -> ErrorBody:
-        return self._inner.normalise_error(status, body)

@@ -2,7 +2,8 @@
 
 nginx sends a canned stream in one burst, so a proxy reads many events per `read()`; a serving
 engine flushes one token at a time. This server answers `POST /v1/chat/completions` with the role
-chunk, `--tokens` token chunks (the last carries `finish_reason`), the usage chunk and `[DONE]`,
+chunk, `max_tokens` token chunks (the request's, at most `--max-tokens`; `--tokens` when the request
+names none; the last carries `finish_reason`), the usage chunk and `[DONE]`,
 each event one HTTP/1.1 chunk written by its own `transport.write` (TCP_NODELAY), `--gap-ms` apart,
 so that a proxy that keeps up reads them one by one (`bench overhead` checks this from the proxies'
 read-syscall counts). `[DONE]` and the terminating zero-length chunk go in one write.
@@ -11,13 +12,17 @@ It is a bare asyncio protocol on uvloop with httptools (no aiohttp), so that its
 stays small next to the proxies measured through it on a 2-core machine. Also answers GET /health
 (200, empty), GET /metrics (minimal vLLM gauges) and GET /v1/models; anything else gets 404.
 
-`python -m bench.drip_sse [--port 0] [--tokens 64] [--gap-ms 1]`
+Two stream lengths through the same proxies give the marginal cost of one more chunk (`bench
+overhead`'s c section), free of the per-request work.
+
+`python -m bench.drip_sse [--port 0] [--tokens 64] [--max-tokens 4096] [--gap-ms 1]`
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import socket
 from typing import cast
 
@@ -25,38 +30,40 @@ import httptools
 import orjson
 import uvloop
 
-from bench.upstream.bodies import METRICS, WORDS
+from bench.upstream.bodies import METRICS, sse_events
 
 HEAD = {"id": "chatcmpl-drip", "object": "chat.completion.chunk", "created": 1795974001, "model": "tiny-moe"}
 MODELS = orjson.dumps({"object": "list", "data": [{"id": "tiny-moe", "object": "model", "owned_by": "vllm"}]})
+
+
+MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d+)')
+
+
+class Streams:
+    """Each stream length's writes, made once (`stream_writes`)."""
+
+    def __init__(self, default: int, most: int) -> None:
+        self.default, self.most = default, most
+        self.made: dict[int, list[bytes]] = {}
+
+    def writes(self, body: bytes) -> list[bytes]:
+        m = MAX_TOKENS.search(body)
+        n = min(int(m.group(1)), self.most) if m else self.default
+        got = self.made.get(n)
+        if got is None:
+            got = self.made[n] = stream_writes(max(n, 1))
+        return got
 
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
-def _event(obj: object) -> bytes:
-    return _chunk(b"data: " + orjson.dumps(obj) + b"\n\n")
-
-
 def stream_writes(tokens: int) -> list[bytes]:
     """The bytes of each write after the response head, in order: role, tokens, usage, [DONE] + end.
     One SSE event per write; `len(stream_writes(n)) == n + 3` events are relayed per response."""
-    writes = [_event({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                           "logprobs": None, "finish_reason": None}],
-                      "prompt_token_ids": None, "prompt_text": None})]
-    for i in range(tokens):
-        last = i == tokens - 1
-        choice: dict[str, object] = {"index": 0, "delta": {"content": WORDS[i % len(WORDS)]}, "logprobs": None,
-                                     "finish_reason": "length" if last else None}
-        if last:
-            choice["stop_reason"] = None
-        choice["token_ids"] = None
-        writes.append(_event({**HEAD, "choices": [choice]}))
-    writes.append(_event({**HEAD, "choices": [], "usage": {
-        "prompt_tokens": 24, "total_tokens": 24 + tokens, "completion_tokens": tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}}}))
-    writes.append(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    writes = [_chunk(e) for e in sse_events(tokens, HEAD, {})]
+    writes[-1] += b"0\r\n\r\n"
     return writes
 
 
@@ -73,12 +80,14 @@ class DripProtocol(asyncio.Protocol):
     """One keep-alive connection; requests on it are answered in order (a new request's stream starts
     when the previous one has ended, as HTTP/1.1 without pipelining does)."""
 
-    def __init__(self, writes: list[bytes], gap_s: float) -> None:
-        self.writes, self.gap_s = writes, gap_s
+    def __init__(self, streams: Streams, gap_s: float) -> None:
+        self.streams, self.gap_s = streams, gap_s
+        self.writes: list[bytes] = []  # the stream being sent
+        self.body = b""
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
-        self.pending: list[tuple[bytes, bytes]] = []  # (method, url) of requests not yet answered
+        self.pending: list[tuple[bytes, bytes, bytes]] = []  # (method, url, body) of requests not yet answered
         self.streaming = False
         self.timer: asyncio.TimerHandle | None = None
 
@@ -105,17 +114,21 @@ class DripProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
 
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
     def on_message_complete(self) -> None:
-        self.pending.append((self.parser.get_method(), self.url.split(b"?", 1)[0]))
-        self.url = b""
+        self.pending.append((self.parser.get_method(), self.url.split(b"?", 1)[0], self.body))
+        self.url = self.body = b""
         if not self.streaming:
             self._next()
 
     def _next(self) -> None:
         while self.pending and self.transport is not None:
-            method, path = self.pending.pop(0)
+            method, path, body = self.pending.pop(0)
             if method == b"POST" and path in (b"/v1/chat/completions", b"/v1/completions"):
                 self.streaming = True
+                self.writes = self.streams.writes(body)
                 self.transport.write(STREAM_HEAD + self.writes[0])
                 self._schedule(1)
                 return
@@ -143,10 +156,9 @@ class DripProtocol(asyncio.Protocol):
             self._next()
 
 
-async def serve(port: int, tokens: int, gap_s: float) -> None:
-    writes = stream_writes(tokens)
+async def serve(port: int, streams: Streams, gap_s: float) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: DripProtocol(writes, gap_s), "127.0.0.1", port, backlog=4096)
+    server = await loop.create_server(lambda: DripProtocol(streams, gap_s), "127.0.0.1", port, backlog=4096)
     print(f"listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
     await asyncio.Event().wait()
 
@@ -154,10 +166,11 @@ async def serve(port: int, tokens: int, gap_s: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=64, help="token chunks when the request names no max_tokens")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="the most token chunks of one stream")
     parser.add_argument("--gap-ms", type=float, default=1.0, help="pause between two writes of one stream")
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.tokens, args.gap_ms / 1000))
+    uvloop.run(serve(args.port, Streams(args.tokens, args.max_tokens), args.gap_ms / 1000))
 
 
 if __name__ == "__main__":

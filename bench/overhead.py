@@ -9,8 +9,11 @@ each over the same set of targets (bench/targets.py: direct, gateway, pure, lean
 - **a**, non-streaming: nginx serves a canned vLLM chat completion; CPU µs per request.
 - **b**, streaming, 20 SSE data events (+ `[DONE]`) that nginx sends in one write; CPU µs per request.
 - **c**, streaming with every event in its own write (bench/drip_sse.py: 64 token events, 67 events
-  with role, usage and [DONE], 10 ms apart); CPU per relayed chunk beyond the plain relay:
-  (CPU per response of the gateway − of lean) / events per response.
+  with role, usage and [DONE], 10 ms apart); CPU per relayed chunk beyond the plain relay, the
+  target: the marginal cost of one more chunk, from the same targets answering 64 and 256 tokens,
+  ((gateway's long − short) − (lean's long − short)) / (events long − short), free of the
+  per-request work that a and b measure; also the amortised figure (CPU per response of the gateway
+  − of lean) / events per response at 64 tokens.
 
 Rounds are interleaved: round 1 measures every target of a, b and c, round 2 again, ...; figures are
 medians over rounds and ratios are medians of the per-round ratios (bench/report.py). The other parts,
@@ -45,6 +48,7 @@ CHAT_BODY = chat_bodies.chat()
 STREAM_BODY = chat_bodies.stream(max_tokens=bodies.TOKENS)  # b: nginx's canned 20-event answer
 DRIP_TOKENS = 64
 DRIP_BODY = chat_bodies.stream(max_tokens=DRIP_TOKENS)  # c (and the slow streams)
+DRIP_LONG_TOKENS = 4 * DRIP_TOKENS  # c's second length, asked of the same targets
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,7 @@ class Plan:
     concurrency: int  # wrk -c for a, b and c
     warmup_s: float
     drip_tokens: int
+    drip_long_tokens: int  # c's second length (the marginal cost per chunk)
     drip_gap_ms: float
     sweep_concurrency: tuple[int, ...]
     ttft_n: int
@@ -67,6 +72,7 @@ class Plan:
 
 
 FULL = Plan(rounds=3, duration_s=10, sections=SECTIONS, concurrency=64, warmup_s=2, drip_tokens=DRIP_TOKENS,
+            drip_long_tokens=DRIP_LONG_TOKENS,
             drip_gap_ms=10, sweep_concurrency=(1, 8, 256), ttft_n=500, openloop_fractions=(0.25, 0.5),
             openloop_s=10, profile_s=10, streams_n=10_000, streams_events=30, streams_ramp_s=10)
 QUICK = replace(FULL, rounds=1, duration_s=2, warmup_s=1, ttft_n=50, openloop_fractions=(0.5,), openloop_s=3,
@@ -84,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", type=_sections, metavar="LIST",
                         help=f"comma-separated parts to run, of {','.join(SECTIONS)} (default: all); "
                              "`--only a,b,c` is the three issue-13 targets")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure the gateway at commit REV, built the same way (issue 12: no regression "
+                             "beyond 5%% CPU per request against the previous commit, side by side)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     parser.add_argument("--duration", type=float, help="seconds per wrk run (default 10, quick 2)")
     parser.add_argument("--drip-gap-ms", type=float, help="c: pause between two events of one stream (default 10)")
@@ -153,7 +162,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     started: list[Any] = []
     busy0, t0 = procs.machine_busy_seconds(), time.monotonic()
     try:
-        _run(plan, res, out, tmp, started, _install(chosen, res))
+        baseline = None
+        if args.baseline:
+            print(f"building the baseline {args.baseline} (mypyc when the current tree is compiled: minutes)")
+            baseline, res.meta["baseline"] = procs.baseline_sources(args.baseline, tmp)
+        _run(plan, res, out, tmp, started, _install(chosen, res), baseline)
     finally:
         for p in reversed(started):
             p.stop()
@@ -199,13 +212,16 @@ def _families(plan: Plan) -> dict[str, bool]:
             "drip": bool(s & {"c", "profile"})}
 
 
-def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], chosen: list[peers.Peer]) -> None:
-    files = {"json": tmp / "chat.json", "sse": tmp / "stream.json", "drip": tmp / "drip.json"}
-    for key, body in (("json", CHAT_BODY), ("sse", STREAM_BODY), ("drip", DRIP_BODY)):
+def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], chosen: list[peers.Peer],
+         baseline: Path | None) -> None:
+    files = {"json": tmp / "chat.json", "sse": tmp / "stream.json", "drip": tmp / "drip.json",
+             "drip_long": tmp / "drip-long.json"}
+    long = chat_bodies.stream(max_tokens=plan.drip_long_tokens)
+    for key, body in (("json", CHAT_BODY), ("sse", STREAM_BODY), ("drip", DRIP_BODY), ("drip_long", long)):
         files[key].write_bytes(orjson.dumps(body))
     script = wrk.write_script(tmp)
     need = _families(plan)
-    opts = targets.Options(pure_sources=procs.pure_sources(tmp), peers=chosen)
+    opts = targets.Options(pure_sources=procs.pure_sources(tmp), peers=chosen, baseline=baseline)
     if opts.pure_sources is None:
         res.notes.append("the gateway is pure Python here (no `make native`): no separate pure build measured")
     fams: dict[str, Section] = {}
@@ -226,6 +242,8 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
         fams["drip"] = Section("drip", up, targets.start("drip", drip.url, drip.pid, tmp, opts, started,
                                                          files["drip"].read_bytes(), res.notes),
                                files["drip"], stream=True)
+        if "c" in plan.sections:  # the same targets asked for a longer answer: c's marginal cost per chunk
+            fams["drip_long"] = Section("drip_long", up, fams["drip"].targets, files["drip_long"], stream=True)
     for fam in fams.values():
         for t in fam.targets:
             fam.probes[t.name] = measure.check(t, fam.body.read_bytes(), stream=fam.stream)
@@ -234,7 +252,8 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
     res.meta["events"] = {key: {t: p.events for t, p in fam.probes.items()} for key, fam in fams.items()}
     res.meta["response_bytes"] = {key: {t: p.wire_bytes for t, p in fam.probes.items()} for key, fam in fams.items()}
 
-    measured = [(k, fams[f]) for k, f in (("a", "json"), ("b", "sse"), ("c", "drip")) if k in plan.sections]
+    measured = [(k, fams[f]) for k, f in (("a", "json"), ("b", "sse"), ("c", "drip"), ("c_long", "drip_long"))
+                if k.removesuffix("_long") in plan.sections]
     n_steps = (sum(len(f.targets) for f in fams.values()) + plan.rounds * sum(len(f.targets) for _, f in measured)
                + (plan.rounds * len(plan.sweep_concurrency) * len(fams["json"].targets)
                   if "sweep" in plan.sections else 0)

@@ -224,6 +224,29 @@ def pure_sources(tmp: Path) -> Path | None:
     return dest
 
 
+def baseline_sources(rev: str, tmp: Path) -> tuple[Path, str]:
+    """The gateway's packages at commit `rev` (`git archive`), compiled like the current tree when the
+    current tree is compiled (mypyc, a few minutes): the "previous commit" measured side by side.
+    Returns the folder and the commit's short hash; raises RuntimeError when it cannot be made."""
+    from gateway import build_check
+
+    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True)
+    if short.returncode:
+        raise RuntimeError(f"no commit {rev!r}: {short.stderr.strip()}")
+    dest = tmp / f"baseline-{short.stdout.strip()}"
+    dest.mkdir()
+    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    if build_check.compiled():
+        log = tmp / "baseline-build.log"
+        with log.open("wb") as out:
+            built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=dest, stdout=out,
+                                   stderr=subprocess.STDOUT, env={**os.environ, "GATEWAY_NATIVE": "1"})
+        if built.returncode:
+            raise RuntimeError(f"the native build of {rev} failed (log: {log})")
+    return dest, short.stdout.strip()
+
+
 class Gateway:
     """`python -m gateway serve` with one vLLM backend, exactly as a user runs it (from `sources`, a
     copy of the gateway's packages, when given)."""

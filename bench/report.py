@@ -16,10 +16,12 @@ from bench.targets import PYTHON
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
 MIN_ROUNDS = 3  # issue 13: medians of >= 3 interleaved rounds
 CHUNK_GOAL_US = 1.5
+REGRESSION_GOAL = 1.05  # issue 12: CPU per request within 5% of the previous commit's
 SECTION_TITLES = {
     "a": "a. Non-streaming",
     "b": "b. Streaming, 20 events in one write",
     "c": "c. Streaming, one event per write",
+    "c_long": "c, long. Streaming, one event per write, the long answer",
 }
 
 
@@ -44,12 +46,31 @@ def targets_table(res: dict[str, Any], p: Points) -> list[str]:
     for b in builds:
         if not p.of("c", b):
             continue
+        if p.of("c_long", b):  # the target: what one more chunk costs, the per-request work cancelled out
+            beyond = p.marginal_beyond(b, "lean")
+            mine, lean = med(p.slopes(b).values()), med(p.slopes("lean").values())
+            out.append(f"| c: CPU per additional relayed chunk beyond the plain relay (lean), one event per write "
+                       f"| {label[b]} | ≤ {CHUNK_GOAL_US:g} µs | {fmt(mine, '.2f')} µs vs lean {fmt(lean, '.2f')} µs "
+                       f"per extra chunk | {fmt(beyond, '.2f')} µs "
+                       f"| {verdict(None if beyond is None else beyond <= CHUNK_GOAL_US)} |")
         beyond = p.per_chunk_beyond("c", b, "lean")
         mine, lean = p.med("c", b, "cpu_us_per_chunk"), p.med("c", "lean", "cpu_us_per_chunk")
-        out.append(f"| c: CPU per relayed chunk beyond the plain relay (lean), one event per write | {label[b]} | "
-                   f"≤ {CHUNK_GOAL_US:g} µs | {fmt(mine, '.2f')} µs vs lean {fmt(lean, '.2f')} µs per chunk | "
-                   f"{fmt(beyond, '.2f')} µs | {verdict(None if beyond is None else beyond <= CHUNK_GOAL_US)} |")
+        out.append(f"| c (amortised): CPU per response beyond lean / its events, {_events(res)} events | {label[b]} | "
+                   f"– | {fmt(mine, '.2f')} µs vs lean {fmt(lean, '.2f')} µs per chunk | {fmt(beyond, '.2f')} µs | |")
+    base = res["meta"].get("baseline")
+    for section in ("a", "b", "c", "c_long"):  # issue 12: no regression beyond 5% against the previous commit
+        if not p.of(section, "baseline") or not p.of(section, "gateway"):
+            continue
+        ratio = p.ratio(section, "cpu_us_per_req", "gateway", "baseline")
+        out.append(f"| {section}: CPU per response against commit {base} (issue 12) | {label['gateway']} | "
+                   f"≤ {REGRESSION_GOAL:.2f}x | {fmt(p.med(section, 'gateway', 'cpu_us_per_req'))} µs vs "
+                   f"{fmt(p.med(section, 'baseline', 'cpu_us_per_req'))} µs | {times(ratio)} | "
+                   f"{verdict(None if ratio is None else ratio <= REGRESSION_GOAL)} |")
     return out
+
+
+def _events(res: dict[str, Any]) -> str:
+    return str(res["meta"].get("events", {}).get("drip", {}).get("direct", "?"))
 
 
 def _c(p: Points, section: str) -> str:
@@ -62,7 +83,7 @@ def _rounds_of(rows: list[dict[str, Any]], key: str, spec: str) -> str:
 
 
 def section_table(res: dict[str, Any], p: Points, section: str) -> list[str]:
-    stream = section in ("b", "c")
+    stream = section in ("b", "c", "c_long")
     head = "| target | CPU µs/response | per round | "
     head += "CPU µs per chunk | reads per response | " if stream else "req per CPU-s | "
     head += "responses/s | p50 ms | p99 ms | errors | target CPU | upstream CPU | wrk CPU | others' CPU (max) |"
@@ -97,8 +118,16 @@ def ratios_table(p: Points, section: str) -> list[str]:
                    for x, y in p.paired("c", name, "lean") if x.get("events_per_response")]
             out.append(f"| {name} | {fmt(p.per_chunk_beyond('c', name, 'lean'), '.2f')} | "
                        f"{' / '.join(fmt(v, '.2f') for v in per)} |")
+        if any(p.of("c_long", n) for n in names):
+            out += ["", "| target | CPU per additional chunk, µs (long − short stream) | beyond lean, µs | per round |",
+                    "|---|---:|---:|---|"]
+            for name in names:
+                slopes = p.slopes(name)
+                out.append(f"| {name} | {fmt(med(slopes.values()), '.2f')} | "
+                           f"{'–' if name == 'lean' else fmt(p.marginal_beyond(name, 'lean'), '.2f')} | "
+                           f"{' / '.join(fmt(slopes[k], '.2f') for k in sorted(slopes))} |")
         return out
-    dens = [d for d in ("vllm-router", "sglang-router", "lean", "naive") if d in names]
+    dens = [d for d in ("vllm-router", "sglang-router", "baseline", "lean", "naive") if d in names]
     out = ["| CPU per response, ratio | " + " | ".join(f"/ {d}" for d in dens) + " |",
            "|---|" + "---:|" * len(dens)]
     for name in ("gateway", "pure"):
@@ -115,6 +144,10 @@ def _section_text(res: dict[str, Any], section: str) -> str:
         return (f"wrk -c{plan['concurrency']} POSTs the {m.get('request_bytes', '?')}-byte chat request "
                 f"(system prompt {m.get('system_prompt_bytes', '?')} bytes); nginx answers the canned vLLM chat "
                 "completion (`bench/upstream/chat.json`).")
+    if section == "c_long":
+        return (f"c's request asking for {plan.get('drip_long_tokens', '?')} tokens, to the same targets in the same "
+                f"rounds ({ev.get('drip_long', {}).get('direct', '?')} events): the difference to c is what the "
+                "additional chunks cost, free of the per-request work (the c target above).")
     if section == "b":
         n = ev.get("sse", {}).get("direct", "?")
         return (f"The same request with `stream: true` and `include_usage`; nginx answers the canned vLLM stream "
@@ -202,7 +235,7 @@ def markdown(res: dict[str, Any]) -> str:
     checks = _checks(res, p)
     if checks:
         lines += ["Read before quoting:", "", *[f"- {c}" for c in checks], ""]
-    for section in ("a", "b", "c"):
+    for section in SECTION_TITLES:
         if not p.targets(section):
             continue
         lines += [f"## {SECTION_TITLES[section]} (wrk -c{_c(p, section)})", "", _section_text(res, section), "",

@@ -74,6 +74,25 @@ class Points:
                     if x.get("cpu_us_per_req") is not None and y.get("cpu_us_per_req") is not None
                     and x.get("events_per_response"))
 
+    def slopes(self, t: str) -> dict[int, float]:
+        """Per round, t's CPU µs per additional chunk: the same target answered c's short stream and
+        c_long's long one in that round, (long − short CPU per response) / (long − short events)."""
+        shorts = {r["round"]: r for r in self.of("c", t)}
+        out = {}
+        for r in self.of("c_long", t):
+            s = shorts.get(r["round"])
+            if s is None or r.get("cpu_us_per_req") is None or s.get("cpu_us_per_req") is None:
+                continue
+            extra = r["events_per_response"] - s["events_per_response"]
+            if extra > 0:
+                out[r["round"]] = (r["cpu_us_per_req"] - s["cpu_us_per_req"]) / extra
+        return out
+
+    def marginal_beyond(self, a: str, b: str) -> float | None:
+        """Median over rounds of a's CPU per additional chunk minus b's: the per-request work cancels."""
+        mine, theirs = self.slopes(a), self.slopes(b)
+        return med(mine[k] - theirs[k] for k in sorted(mine.keys() & theirs.keys()))
+
     def diff(self, section: str, key: str, a: str, b: str, c: int | None = None) -> float | None:
         return med(x[key] - y[key] for x, y in self.paired(section, a, b, c)
                     if x.get(key) is not None and y.get(key) is not None)

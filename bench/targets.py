@@ -4,9 +4,11 @@ For every upstream (nginx's JSON port, nginx's SSE port, the dripping SSE server
 **direct** (the upstream itself), **gateway** (`python -m gateway serve` as `make install` built it),
 **pure** (the same sources without the modules `make native` compiled, when any are), **lean**
 (bench/lean_proxy.py: the gateway's HTTP layers and nothing else, the plain byte relay), **naive**
-(bench/naive_proxy.py, a bare aiohttp proxy) and, with `--peers`, the pinned Rust routers (and with
-`--litellm` the LiteLLM proxy). Every target runs in a session of its own, so its CPU is read from
-/proc over its whole process group, whatever threads or workers it runs.
+(bench/naive_proxy.py, a bare aiohttp proxy), with `--baseline REV` **baseline** (the gateway at an
+earlier commit, built the same way: issue 12's "no regression against the previous commit") and,
+with `--peers`, the pinned Rust routers (and with `--litellm` the LiteLLM proxy). Every target runs
+in a session of its own, so its CPU is read from /proc over its whole process group, whatever
+threads or workers it runs.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 from bench import peers, procs
 from bench.procs import Gateway, PyServer
 
-PYTHON = ("gateway", "pure", "lean", "naive")  # read counts of these are socket reads (uvloop reads with read(2))
-ORDER = ("direct", "gateway", "pure", "lean", "naive", "vllm-router", "sglang-router", "litellm")
+# Read counts of these are socket reads (uvloop reads with read(2)).
+PYTHON = ("gateway", "pure", "baseline", "lean", "naive")
+ORDER = ("direct", "gateway", "pure", "baseline", "lean", "naive", "vllm-router", "sglang-router", "litellm")
 
 
 @dataclass(slots=True)
@@ -45,6 +48,7 @@ class Target:
 class Options:
     pure_sources: Path | None  # None: the gateway is pure Python already (no `make native`)
     peers: Sequence[peers.Peer]  # installed peers to run
+    baseline: Path | None = None  # the gateway's packages at an earlier commit (procs.baseline_sources)
 
 
 def start(label: str, upstream_url: str, upstream_pgid: int, tmp: Path, opts: Options, started: list[Any],
@@ -59,6 +63,10 @@ def start(label: str, upstream_url: str, upstream_pgid: int, tmp: Path, opts: Op
         pure = Gateway(f"pure-{label}", upstream_url, tmp, sources=opts.pure_sources)
         started.append(pure)
         out.append(Target("pure", pure.url, pure.pid))
+    if opts.baseline is not None:
+        base = Gateway(f"baseline-{label}", upstream_url, tmp, sources=opts.baseline)
+        started.append(base)
+        out.append(Target("baseline", base.url, base.pid))
     for name, module in (("lean", "bench.lean_proxy"), ("naive", "bench.naive_proxy")):
         server = PyServer(f"{name}-{label}", module, ["--upstream", upstream_url], tmp)
         started.append(server)

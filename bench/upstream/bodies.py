@@ -47,9 +47,13 @@ def _event(obj: object) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def sse_stream(tokens: int = TOKENS) -> bytes:
-    head = {"id": "chatcmpl-9374a11f0899b26f", "object": "chat.completion.chunk", "created": CREATED,
-            "model": "tiny-moe"}
+STREAM_HEAD = {"id": "chatcmpl-9374a11f0899b26f", "object": "chat.completion.chunk", "created": CREATED,
+               "model": "tiny-moe"}
+
+
+def sse_events(tokens: int, head: dict[str, object], usage_extra: dict[str, object]) -> list[bytes]:
+    """A vLLM stream's events, one `data:` event each: role, `tokens` token chunks (the last carries
+    `finish_reason`), usage (with `usage_extra` beside it), `[DONE]`."""
     out = [_event({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}],
                    "prompt_token_ids": None, "prompt_text": None})]
@@ -63,10 +67,13 @@ def sse_stream(tokens: int = TOKENS) -> bytes:
         out.append(_event({**head, "choices": [choice]}))
     out.append(_event({**head, "choices": [], "usage": {
         "prompt_tokens": 24, "total_tokens": 24 + tokens, "completion_tokens": tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}},
-        "system_fingerprint": FINGERPRINT}))
+        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}}, **usage_extra}))
     out.append(b"data: [DONE]\n\n")
-    return b"".join(out)
+    return out
+
+
+def sse_stream(tokens: int = TOKENS) -> bytes:
+    return b"".join(sse_events(tokens, STREAM_HEAD, {"system_fingerprint": FINGERPRINT}))
 
 
 METRICS = """\

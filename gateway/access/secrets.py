@@ -21,14 +21,9 @@ from pydantic import SecretStr, TypeAdapter, ValidationError
 from backends.base import (
     Adapter,
     ClientRequest,
-    ErrorBody,
-    Load,
-    Probe,
-    Reply,
-    Runtime,
-    StreamTranslator,
     UpstreamRequest,
 )
+from backends.delegating import DelegatingAdapter
 
 from ..settings import ApiKey, ConfigError, Settings, format_validation_error, parse_digest
 
@@ -117,48 +112,21 @@ def _upstream_keys(section: str, items: Sequence[_KeyReference], errors: list[st
     return found
 
 
-class CredentialedAdapter:
+class CredentialedAdapter(DelegatingAdapter):
     """An adapter that adds its backend's `Authorization: Bearer` header to every request it builds.
 
     The proxy sends only the headers the adapter builds, so the client's own Authorization header is
     never forwarded, and this key reaches only this backend."""
 
     def __init__(self, inner: Adapter, api_key: SecretStr) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._api_key = api_key
-        self.runtime: Runtime = inner.runtime
 
     def __repr__(self) -> str:
         return f"CredentialedAdapter({self._inner!r}, api_key=SecretStr('**********'))"
-
-    @property
-    def liveness(self) -> Probe:
-        return self._inner.liveness
-
-    @property
-    def readiness(self) -> Probe:
-        return self._inner.readiness
-
-    @property
-    def load_path(self) -> str:
-        return self._inner.load_path
-
-    def parse_load(self, body: bytes, previous: Load | None) -> Load:
-        return self._inner.parse_load(body, previous)
 
     def build_request(self, req: ClientRequest, *, model: str, request_id: str) -> UpstreamRequest:
         upstream = self._inner.build_request(req, model=model, request_id=request_id)
         headers = {k: v for k, v in upstream.headers.items() if k.lower() != "authorization"}
         headers["Authorization"] = "Bearer " + self._api_key.get_secret_value()
         return dataclasses.replace(upstream, headers=headers)
-
-    def stream_translator(self, req: ClientRequest, *, model: str, request_id: str) -> StreamTranslator | None:
-        return self._inner.stream_translator(req, model=model, request_id=request_id)
-
-    def translate_response(
-        self, req: ClientRequest, status: int, body: bytes, *, model: str, request_id: str
-    ) -> Reply:
-        return self._inner.translate_response(req, status, body, model=model, request_id=request_id)
-
-    def normalise_error(self, status: int, body: bytes) -> ErrorBody:
-        return self._inner.normalise_error(status, body)

@@ -81,18 +81,6 @@ class ResponsesSseRelay(StreamRelay):
             raise SseFramingError(f"an SSE event longer than {MAX_EVENT_BYTES} bytes")
         self._buf = rest
 
-    def _tokens(self, k: int, now: float) -> None:
-        stats = self.stats
-        last = stats.last_token_at
-        if last is None:
-            stats.first_token_at = now
-            if k > 1:
-                stats.gaps.add(0.0, k - 1)
-        else:
-            stats.gaps.add((now - last) / k, k)
-        stats.last_token_at = now
-        stats.tokens += k
-
     def _event(self, block: bytes) -> int:
         """Read one event; 1 when it carried output (a delta), else 0."""
         kind = None

@@ -119,6 +119,19 @@ class StreamRelay:
         """What ends a stream that fails mid-way: an OpenAI error event and `[DONE]`."""
         return error_event(error) + DONE
 
+    def _tokens(self, k: int, now: float) -> None:
+        """`k` output tokens arrived at `now` (one read): TTFT at the first, gaps spread over the read's."""
+        stats = self.stats
+        last = stats.last_token_at
+        if last is None:
+            stats.first_token_at = now
+            if k > 1:
+                stats.gaps.add(0.0, k - 1)
+        else:
+            stats.gaps.add((now - last) / k, k)
+        stats.last_token_at = now
+        stats.tokens += k
+
 
 class SseRelay(StreamRelay):
     def __init__(
@@ -233,18 +246,6 @@ class SseRelay(StreamRelay):
             data = data[:-1]
             self._held_cr = True
         return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-
-    def _tokens(self, k: int, now: float) -> None:
-        stats = self.stats
-        last = stats.last_token_at
-        if last is None:
-            stats.first_token_at = now
-            if k > 1:
-                stats.gaps.add(0.0, k - 1)
-        else:
-            stats.gaps.add((now - last) / k, k)
-        stats.last_token_at = now
-        stats.tokens += k
 
     def _event(self, event: bytes) -> tuple[bytes | None, bool]:
         """One event off the fast path: (what to forward, or None; whether it carried output)."""

@@ -66,3 +66,15 @@ def test_health_and_unknown_paths(drip: procs.PyServer) -> None:
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 OK")
     assert b"HTTP/1.1 404 Not Found" in data
+
+
+def test_the_stream_is_as_long_as_the_request_asks(drip: procs.PyServer) -> None:
+    """Two lengths through one server: `bench overhead` takes the marginal cost per chunk from them."""
+    for tokens in (1, TOKENS + 4):
+        p = measure.check(Target("direct", drip.url, drip.pid), orjson.dumps(chat_bodies.stream(max_tokens=tokens)),
+                          stream=True)
+        assert p.events == tokens + 3
+    streams = drip_sse.Streams(default=5, most=8)
+    assert len(streams.writes(b'{"stream": true}')) == 5 + 3
+    assert len(streams.writes(b'{"max_tokens": 100}')) == 8 + 3
+    assert streams.writes(b'{"max_completion_tokens": 2}') is streams.writes(b'{"max_tokens":2}')

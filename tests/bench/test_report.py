@@ -57,12 +57,37 @@ def test_targets_table_says_met_and_missed_for_both_builds() -> None:
                    row("b", "gateway", i, 120), row("b", "pure", i, 180), row("b", "vllm-router", i, 100),
                    row("c", "gateway", i, 67 * 31, events=67, reads=68), row("c", "pure", i, 67 * 33, events=67,
                                                                              reads=68),
-                   row("c", "lean", i, 67 * 30, events=67, reads=68)]
+                   row("c", "lean", i, 67 * 30, events=67, reads=68),
+                   # 192 more events cost the gateway 1.25 µs each beyond lean's, the pure build 2 µs
+                   row("c_long", "gateway", i, 67 * 31 + 192 * 11.25, events=259),
+                   row("c_long", "pure", i, 67 * 33 + 192 * 12, events=259),
+                   row("c_long", "lean", i, 67 * 30 + 192 * 10, events=259)]
     lines = report.targets_table(result(points), Points(points))
     verdicts = [line.rsplit("|", 2)[-2].strip() for line in lines[2:]]
-    # a: gateway 0.91x met, pure 1.36x missed; b: 1.2x and 1.8x missed; c: 1 µs met, 3 µs missed
-    assert verdicts == ["**met**", "**missed**", "**missed**", "**missed**", "**met**", "**missed**"]
+    # a: gateway 0.91x met, pure 1.36x missed; b: 1.2x and 1.8x missed; c: 1.25 µs met, 2 µs missed,
+    # and the amortised figures (1 and 3 µs per chunk) shown without a verdict
+    assert verdicts == ["**met**", "**missed**", "**missed**", "**missed**", "**met**", "", "**missed**", ""]
     assert "pure-Python build" in lines[3]
+    assert "| 1.25 µs |" in lines[6]
+    assert "| 1.00 µs |" in lines[7]
+
+
+def test_the_marginal_cost_per_chunk_cancels_the_per_request_work() -> None:
+    # The gateway spends 500 µs more per request than lean whatever the length, and 0.5 µs per chunk.
+    points = []
+    for i, noise in enumerate([1.0, 1.1, 0.9]):
+        points += [row("c", "gateway", i, (500 + 67 * 10.5) * noise, events=67),
+                   row("c_long", "gateway", i, (500 + 259 * 10.5) * noise, events=259),
+                   row("c", "lean", i, 67 * 10 * noise, events=67),
+                   row("c_long", "lean", i, 259 * 10 * noise, events=259)]
+    p = Points(points)
+    beyond = p.marginal_beyond("gateway", "lean")
+    assert beyond is not None
+    assert abs(beyond - 0.5) < 1e-9
+    assert {k: round(v, 9) for k, v in p.slopes("lean").items()} == {0: 10.0, 1: 11.0, 2: 9.0}
+    amortised = p.per_chunk_beyond("c", "gateway", "lean")
+    assert amortised is not None
+    assert amortised > 7
 
 
 def test_without_vllm_router_there_is_no_verdict_and_the_report_says_why() -> None:
@@ -82,3 +107,18 @@ def test_report_warns_about_too_few_rounds_and_coalesced_events(tmp_path: Path) 
     assert "c, round 1, gateway: 30.0 reads per response for 67 events" in md
     assert "lean: 68.0 reads" not in md
     assert (tmp_path / "targets.png").stat().st_size > 0
+
+
+def test_the_previous_commit_is_a_target_of_its_own() -> None:
+    points = []
+    for i in range(3):
+        points += [row("a", "gateway", i, 100), row("a", "baseline", i, 98),
+                   row("b", "gateway", i, 120), row("b", "baseline", i, 100)]
+    res = result(points)
+    res["meta"]["baseline"] = "a1e4282"
+    lines = [line for line in report.targets_table(res, Points(points)) if "a1e4282" in line]
+    assert len(lines) == 2
+    assert lines[0].endswith("| **met** |")
+    assert "1.02×" in lines[0]
+    assert lines[1].endswith("| **missed** |")
+    assert "1.20×" in lines[1]
