@@ -16,7 +16,9 @@ from setuptools import setup
 # The modules every proxied request runs through. Nothing outside this list may subclass a class
 # defined in it (compiled classes cannot have interpreted subclasses). The exception trees
 # (`errors.py`, `client/errors.py`) stay interpreted: compiled, class-level defaults (`code = None`)
-# were missing on instances of the base class.
+# were missing on instances of the base class. Packages' `__init__.py` stay interpreted: a compiled
+# one gets a wrong `__path__` (`gateway/gateway/routing`), so its submodules that nothing compiled
+# had imported yet could not be found.
 NATIVE = [
     "backends/base.py",
     "backends/chat_templates.py",
@@ -52,7 +54,6 @@ NATIVE = [
     "gateway/proxy/service.py",
     "gateway/proxy/shadow.py",
     "gateway/proxy/sse.py",
-    "gateway/routing/__init__.py",
     "gateway/routing/affinity.py",
     "gateway/routing/base.py",
     "gateway/routing/capabilities.py",
