@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from .values import value
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 
 class LoadParseError(ValueError):
@@ -52,44 +50,67 @@ class Load:
     prefix_hits_total: float | None = None
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None = None  # None when the runtime does not report it
+    prompt_tokens: Final[int]
+    completion_tokens: Final[int]
+    cached_tokens: Final[int | None]  # None when the runtime does not report it
+
+    def __init__(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.cached_tokens = cached_tokens
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class Reply:
     """A translated non-streaming response body and the usage read from it (parsed once)."""
 
-    body: bytes
-    usage: Usage | None
+    body: Final[bytes]
+    usage: Final[Usage | None]
+
+    def __init__(self, body: bytes, usage: Usage | None) -> None:
+        self.body = body
+        self.usage = usage
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class UpstreamRequest:
     """One HTTP request to a backend: everything the proxy needs to send it."""
 
-    path: str
-    body: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
+    path: Final[str]
+    body: Final[bytes]
+    headers: Final[Mapping[str, str]]
+
+    def __init__(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        self.path = path
+        self.body = body
+        self.headers = {} if headers is None else headers
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class ClientRequest:
     """The parts of a client's OpenAI request that adapters translate from.
 
     `body` is the parsed JSON object (already validated to be a dict with the fields routing needs).
     """
 
-    endpoint: Endpoint
-    body: dict[str, Any]
-    stream: bool
-    include_usage: bool  # the client asked for a usage chunk (stream_options.include_usage)
+    endpoint: Final[Endpoint]
+    body: Final[dict[str, Any]]
+    stream: Final[bool]
+    include_usage: Final[bool]  # the client asked for a usage chunk (stream_options.include_usage)
     # Unix seconds when the gateway received the request. Adapters that synthesise OpenAI objects
     # (Triton) use it for `created`, since adapters never read the clock themselves; 0 when unset.
-    created: int | None = None
+    created: Final[int | None]
+
+    def __init__(
+        self, endpoint: Endpoint, body: dict[str, Any], stream: bool, include_usage: bool, created: int | None = None
+    ) -> None:
+        self.endpoint = endpoint
+        self.body = body
+        self.stream = stream
+        self.include_usage = include_usage
+        self.created = created
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ ignore the header).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Final
 
 import httptools
 
@@ -43,16 +44,28 @@ FAILED = 3  # the request was refused: `error` says why, `message` is what was r
 
 @dataclass(slots=True)
 class Message:
-    method: bytes = b""
-    url: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)  # names lower-cased, repeats joined by ", "
-    body: list[bytes] = field(default_factory=list)
-    body_bytes: int = 0
-    fields: int = 0
-    keep_alive: bool = True
-    http11: bool = True
-    headers_done: bool = False
-    expect_continue: bool = False  # HTTP/1.1 with `Expect: 100-continue` and a body still to come
+    method: bytes
+    url: bytes
+    headers: Final[dict[str, str]]  # names lower-cased, repeats joined by ", "
+    body: Final[list[bytes]]
+    body_bytes: int
+    fields: int
+    keep_alive: bool
+    http11: bool
+    headers_done: bool
+    expect_continue: bool  # HTTP/1.1 with `Expect: 100-continue` and a body still to come
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers = {}
+        self.body = []
+        self.body_bytes = 0
+        self.fields = 0
+        self.keep_alive = True
+        self.http11 = True
+        self.headers_done = False
+        self.expect_continue = False
 
 
 class _Stop(Exception):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from backends.base import Usage
-from backends.values import value
 
 NONE = "none"  # the label of what is not known (unroutable requests: no backend, runtime or route)
 
@@ -111,29 +111,54 @@ class Gaps:
         return gaps
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class Outcome:
     """One finished request. Every generation request produces exactly one, whatever ended it."""
 
-    backend: str
-    runtime: str
-    model: str
-    status: str  # HTTP status as a string, or "stream_error" / "client_closed"
-    duration_s: float
-    usage: Usage | None = None
-    ttft_s: float | None = None
-    gaps: Gaps | None = None
-    reason: str = NONE  # the routing decision's low-cardinality reason
-    arm: str | None = None  # the A/B arm, when the route is split
-    sla: str | None = None  # "met" / "missed" when the request carried an SLA target
-    finished_at: float = 0.0  # clock reading at the end (for windowed statistics)
+    backend: Final[str]
+    runtime: Final[str]
+    model: Final[str]
+    status: Final[str]  # HTTP status as a string, or "stream_error" / "client_closed"
+    duration_s: Final[float]
+    usage: Final[Usage | None]
+    ttft_s: Final[float | None]
+    gaps: Final[Gaps | None]
+    reason: Final[str]  # the routing decision's low-cardinality reason
+    arm: Final[str | None]  # the A/B arm, when the route is split
+    sla: Final[str | None]  # "met" / "missed" when the request carried an SLA target
+    finished_at: Final[float]  # clock reading at the end (for windowed statistics)
     # the prompt tokens are the gateway's estimate: the response carried no usage (the client left,
     # or the stream broke, before the engine reported it)
-    usage_estimated: bool = False
+    usage_estimated: Final[bool]
     # seconds from the first to the last generated token (the span output tokens are attributed to)
-    generation_s: float | None = None
+    generation_s: Final[float | None]
     # the cached tokens routing expected on the backend (`x-gateway-expected-cached-tokens`) and
     # which prefix index said so ("exact": the engine's KV events, "approximate": what was sent)
-    expected_cached_tokens: int | None = None
-    prediction: str | None = None
-    endpoint: str = "chat"  # `backends.base.Endpoint`: chat, completions, responses, embeddings, tokenize, ...
+    expected_cached_tokens: Final[int | None]
+    prediction: Final[str | None]
+    endpoint: Final[str]  # `backends.base.Endpoint`: chat, completions, responses, embeddings, tokenize, ...
+
+    def __init__(
+        self, backend: str, runtime: str, model: str, status: str, duration_s: float,
+        usage: Usage | None = None, ttft_s: float | None = None, gaps: Gaps | None = None, reason: str = NONE,
+        arm: str | None = None, sla: str | None = None, finished_at: float = 0.0, usage_estimated: bool = False,
+        generation_s: float | None = None, expected_cached_tokens: int | None = None, prediction: str | None = None,
+        endpoint: str = "chat",
+    ) -> None:
+        self.backend = backend
+        self.runtime = runtime
+        self.model = model
+        self.status = status
+        self.duration_s = duration_s
+        self.usage = usage
+        self.ttft_s = ttft_s
+        self.gaps = gaps
+        self.reason = reason
+        self.arm = arm
+        self.sla = sla
+        self.finished_at = finished_at
+        self.usage_estimated = usage_estimated
+        self.generation_s = generation_s
+        self.expected_cached_tokens = expected_cached_tokens
+        self.prediction = prediction
+        self.endpoint = endpoint

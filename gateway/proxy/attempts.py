@@ -21,6 +21,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from backends.base import Adapter, TranslationError
 from backends.responses_bridge import ResponsesBridge
@@ -66,10 +67,16 @@ log = logging.getLogger(__name__)
 class Opened:
     """A backend response whose head (and, for streams, first bytes) arrived in time."""
 
-    state: BackendState
-    resp: UpstreamResponse
-    first: bytes  # streams: the first bytes read; non-streams: the whole body
-    adapter: Adapter  # what built the request and reads the answer (the backend's, or the Responses bridge)
+    state: Final[BackendState]
+    resp: Final[UpstreamResponse]
+    first: Final[bytes]  # streams: the first bytes read; non-streams: the whole body
+    adapter: Final[Adapter]  # what built the request and reads the answer (the backend's, or the Responses bridge)
+
+    def __init__(self, state: BackendState, resp: UpstreamResponse, first: bytes, adapter: Adapter) -> None:
+        self.state = state
+        self.resp = resp
+        self.first = first
+        self.adapter = adapter
 
 
 class map_client_errors:  # used like a function; a class builds no generator per request

@@ -4,7 +4,8 @@ what the request's SLA outcome was. Accounting reads it once, at the end (`accou
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Final
 
 from backends.base import Endpoint, Usage
 
@@ -44,37 +45,71 @@ def request_id(client_value: str | None) -> str:
 class Exchange:
     """Mutable per-request bookkeeping, threaded through parsing, routing, retries and relaying."""
 
-    request_id: str  # the client's (echoed back), or ours when it sent none
-    endpoint: Endpoint
-    started: float
+    request_id: Final[str]  # the client's (echoed back), or ours when it sent none
+    endpoint: Final[Endpoint]
+    started: Final[float]
     # How it ended. Anything that does not set it explicitly ended in the gateway's own failure.
-    status: str = "500"
-    model: str = NONE  # the route's model once known (a metrics label, so never the raw client value)
-    key: ApiKey | None = None
-    parsed: ParsedRequest | None = None
-    features: RequestFeatures = NO_FEATURES
-    needs: Needs | None = None  # what the request needs from a backend (`routing.capabilities`)
-    capable: tuple[str, ...] = ()  # the route's backends that can serve it
-    bridged: frozenset[str] = frozenset()  # ... of which these serve it through the Responses-to-chat bridge
-    arm: str | None = None
-    ab_excluded: str | None = None  # why this request is not an A/B sample (e.g. only one arm can serve it)
-    rate_headers: dict[str, str] | None = None  # the key's x-ratelimit-* headers
-    tried: set[str] = field(default_factory=set)
-    last: BackendState | None = None  # the backend of the latest attempt
-    upstream_id: str = ""  # the id the latest attempt was sent upstream with
-    error: BackendError | None = None  # the latest failed attempt's error
-    decision: Decision | None = None
-    ticket: Ticket | None = None  # the routing ticket of the attempt that got a response
-    sent_at: float = 0.0
-    engine_worked: bool = False  # the latest attempt reached an engine that may have generated
-    usage: Usage | None = None  # the engine's usage (non-streaming responses)
-    stream: StreamStats | None = None  # what the SSE relay measured (streams)
-    response_id: str | None = None  # a Responses answer's id (stored responses are routed back to it)
+    status: str
+    model: str  # the route's model once known (a metrics label, so never the raw client value)
+    key: ApiKey | None
+    parsed: ParsedRequest | None
+    features: RequestFeatures
+    needs: Needs | None  # what the request needs from a backend (`routing.capabilities`)
+    capable: tuple[str, ...]  # the route's backends that can serve it
+    bridged: frozenset[str]  # ... of which these serve it through the Responses-to-chat bridge
+    arm: str | None
+    ab_excluded: str | None  # why this request is not an A/B sample (e.g. only one arm can serve it)
+    rate_headers: dict[str, str] | None  # the key's x-ratelimit-* headers
+    tried: Final[set[str]]
+    last: BackendState | None  # the backend of the latest attempt
+    upstream_id: str  # the id the latest attempt was sent upstream with
+    error: BackendError | None  # the latest failed attempt's error
+    decision: Decision | None
+    ticket: Ticket | None  # the routing ticket of the attempt that got a response
+    sent_at: float
+    engine_worked: bool  # the latest attempt reached an engine that may have generated
+    usage: Usage | None  # the engine's usage (non-streaming responses)
+    stream: StreamStats | None  # what the SSE relay measured (streams)
+    response_id: str | None  # a Responses answer's id (stored responses are routed back to it)
     # the backend's verdict on the response it opened (outlier detection): True served, False failed,
     # None not the backend's doing (the client left, the gateway's own deadline)
-    verdict: bool | None = None
-    pool: Pool | None = None  # the pool of the config generation serving it
-    recorded: bool = False
+    verdict: bool | None
+    pool: Pool | None  # the pool of the config generation serving it
+    recorded: bool
+
+    def __init__(
+        self, request_id: str, endpoint: Endpoint, started: float, *, status: str = "500", model: str = NONE,
+        parsed: ParsedRequest | None = None, features: RequestFeatures = NO_FEATURES, arm: str | None = None,
+        capable: tuple[str, ...] = (), bridged: frozenset[str] = frozenset(),
+    ) -> None:
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.started = started
+        self.status = status
+        self.model = model
+        self.key = None
+        self.parsed = parsed
+        self.features = features
+        self.needs = None
+        self.capable = capable
+        self.bridged = bridged
+        self.arm = arm
+        self.ab_excluded = None
+        self.rate_headers = None
+        self.tried = set()
+        self.last = None
+        self.upstream_id = ""
+        self.error = None
+        self.decision = None
+        self.ticket = None
+        self.sent_at = 0.0
+        self.engine_worked = False
+        self.usage = None
+        self.stream = None
+        self.response_id = None
+        self.verdict = None
+        self.pool = None
+        self.recorded = False
 
 
 def sla_outcome(

@@ -7,10 +7,10 @@ with the OpenAI error shape and a 400.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from backends.base import ClientRequest, Endpoint
-from backends.values import value
 
 from .. import json_codec
 from ..errors import InvalidRequest
@@ -20,10 +20,14 @@ MAX_TOKENS = 10_000_000
 STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class ParsedRequest:
-    model: str
-    request: ClientRequest
+    model: Final[str]
+    request: Final[ClientRequest]
+
+    def __init__(self, model: str, request: ClientRequest) -> None:
+        self.model = model
+        self.request = request
 
 
 def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> None:

@@ -23,7 +23,7 @@ share it, k gaps of T / k, so engines that flush several tokens at once do not b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from backends.base import ErrorBody, Usage
 from backends.openai_compat import parse_usage
@@ -93,13 +93,22 @@ def _has_text(choice: object) -> bool:
 class StreamStats:
     """What the relay measured; times are clock readings (seconds)."""
 
-    gaps: Gaps
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    tokens: int = 0  # events that carried generated output: the completion estimate without usage
-    usage: Usage | None = None
-    error: ErrorBody | None = None
-    done: bool = False
+    gaps: Final[Gaps]
+    first_token_at: float | None
+    last_token_at: float | None
+    tokens: int  # events that carried generated output: the completion estimate without usage
+    usage: Usage | None
+    error: ErrorBody | None
+    done: bool
+
+    def __init__(self, gaps: Gaps) -> None:
+        self.gaps = gaps
+        self.first_token_at = None
+        self.last_token_at = None
+        self.tokens = 0
+        self.usage = None
+        self.error = None
+        self.done = False
 
 
 class StreamRelay:

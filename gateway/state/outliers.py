@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +69,22 @@ class Record:
         return judged, failed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Verdict:
     """What one judged request did to its backend: `eject` for how long, or `spared` when the rule
     said eject but the fleet cap forbade it."""
 
-    eject_for_s: float | None = None
-    spared: bool = False
-    reason: str = ""
+    eject_for_s: Final[float | None]
+    spared: Final[bool]
+    reason: Final[str]
+
+    def __init__(self, eject_for_s: float | None = None, spared: bool = False, reason: str = "") -> None:
+        self.eject_for_s = eject_for_s
+        self.spared = spared
+        self.reason = reason
+
+
+KEEP: Final = Verdict()  # the backend stays as it is (the verdict of almost every request)
 
 
 def judge(
@@ -88,10 +97,10 @@ def judge(
     record.add(ok, now, rules.window_s)
     if ok:
         record.consecutive_failures = 0
-        return Verdict()
+        return KEEP
     record.consecutive_failures += 1
     if record.ejected_until is not None:
-        return Verdict()  # already out
+        return KEEP  # already out
     reason = ""
     if record.consecutive_failures >= rules.consecutive:
         reason = f"{record.consecutive_failures} consecutive failures"
@@ -100,7 +109,7 @@ def judge(
         if judged >= rules.min_requests and failed >= rules.failure_rate * judged:
             reason = f"{failed} of {judged} requests failed in {rules.window_s:g} s"
     if not reason:
-        return Verdict()
+        return KEEP
     if routable_others == 0 or (ejected_others + 1) > rules.max_ejected_share * fleet:
         return Verdict(spared=True, reason=reason)
     if now - record.readmitted_at >= rules.max_ejection_s:

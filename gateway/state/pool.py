@@ -20,10 +20,9 @@ from backends.base import Adapter, Load
 
 from ..routing.base import BackendView, Snapshot
 from ..settings import Backend
-from .outliers import OutlierRules, Record, Verdict, judge, readmit
+from .outliers import KEEP, OutlierRules, Record, Verdict, judge, readmit
 
 STATIC = "static"  # the `source` of a backend from the config's `backends:` list
-_NO_VERDICT = Verdict()  # for a backend that has left the pool meanwhile
 
 
 @dataclass(slots=True)
@@ -187,7 +186,7 @@ class Pool:
         """Record a completed request's verdict on its backend; ejects it when the rules say so."""
         state = self._states.get(name)
         if state is None:
-            return _NO_VERDICT
+            return KEEP
         if not ok:
             state.last_error = error
         others = [s for s in self._states.values() if s is not state]

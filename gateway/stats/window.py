@@ -26,8 +26,7 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-from backends.values import value
+from typing import Final
 
 from ..observability.outcome import GapHistogram, Gaps
 from .peak import Peak
@@ -104,21 +103,38 @@ class Ring:
                 yield b
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class Sample:
     """One finished request, reduced to what the windows keep."""
 
-    at: float
-    error: bool
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    ttft_s: float | None
-    gaps: Gaps | None  # inter-token gaps (a stream's count, sum and sample)
-    tpot_s: float | None
-    e2e_s: float
-    sla: str | None
-    generation_s: float | None = None  # first to last token; None or 0: all tokens at `at`
+    at: Final[float]
+    error: Final[bool]
+    prompt_tokens: Final[int]
+    completion_tokens: Final[int]
+    cached_tokens: Final[int]
+    ttft_s: Final[float | None]
+    gaps: Final[Gaps | None]  # inter-token gaps (a stream's count, sum and sample)
+    tpot_s: Final[float | None]
+    e2e_s: Final[float]
+    sla: Final[str | None]
+    generation_s: Final[float | None]  # first to last token; None or 0: all tokens at `at`
+
+    def __init__(
+        self, at: float, error: bool, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+        ttft_s: float | None, gaps: Gaps | None, tpot_s: float | None, e2e_s: float, sla: str | None,
+        generation_s: float | None = None,
+    ) -> None:
+        self.at = at
+        self.error = error
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.cached_tokens = cached_tokens
+        self.ttft_s = ttft_s
+        self.gaps = gaps
+        self.tpot_s = tpot_s
+        self.e2e_s = e2e_s
+        self.sla = sla
+        self.generation_s = generation_s
 
 
 @dataclass(frozen=True, slots=True)
