@@ -339,12 +339,16 @@ def write_report(data: dict[str, Any], out: Path, argv: list[str]) -> None:
     ]
     for r in rows:
         share = r["hit_rate"] / ref_hit if ref_hit and not math.isnan(ref_hit) else math.nan
+        # a round_robin route reads no prefix index, so it predicts nothing (the header says 0)
+        exact = "n/a" if "policy round_robin" in r["router"] else fmt(r["prediction_exact_share"], ".1%")
         lines.append(
             f"| {r['variant']} | {fmt(r['hit_rate'], '.1%')} | {fmt(share, '.1%')} | "
             f"{fmt(r['ttft_p50_s'] * 1000, '.0f')} | {fmt(r['ttft_p90_s'] * 1000, '.0f')} | "
             f"{fmt(r['ttft_p99_s'] * 1000, '.0f')} | "
-            f"{fmt(r['conversations_split'], '.1%')} | {fmt(r['prediction_exact_share'], '.1%')} | "
+            f"{fmt(r['conversations_split'], '.1%')} | {exact} | "
             f"{', '.join(f'{k}={v}' for k, v in sorted(r['requests_per_backend'].items()))} | {r['errors']} |")
+    lines += ["", "`expected = reported`: the share of responses whose `x-gateway-expected-cached-tokens` equalled the "
+              "engine's `cached_tokens` (n/a for round_robin routes, which read no prefix index and expect 0)."]
     lines += ["", "Routers: " + "; ".join(f"`{r['variant']}`: {r['router']}" for r in rows), ""]
     lines += [*data.get("notes", []), "", "![multi-turn](multiturn.png)", ""]
     (out / "multiturn.md").write_text("\n".join(lines))
@@ -428,8 +432,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         notes.append(f"- sglang-router {version(SGLANG_ROUTER)} from PyPI, its defaults (cache threshold 0.3, "
                      "balance thresholds 64 / 1.5, tree of 64M characters)")
     if baseline is not None:
-        notes.append(f"- `affinity@main` is `git archive {args.baseline_rev}` (gateway, backends), run as pure Python "
-                     "like the other gateway variants")
+        notes.append(f"- `affinity@main` is `git archive {args.baseline_rev}` (gateway, backends), run as pure "
+                     "Python (an archive has no compiled modules; routing decisions are the same in both builds)")
     data = {"setup": {**asdict(setup), "spec": asdict(spec), "ideal": asdict(best)}, "rows": rows, "notes": notes}
     (args.out / "multiturn.json").write_bytes(orjson.dumps(to_jsonable(data), option=orjson.OPT_INDENT_2))
     write_report(data, args.out, argv)
