@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -65,13 +66,13 @@ class Publisher:
         self.seq += 1
 
 
-async def until(ok: Callable[[], bool]) -> None:
-    """Poll `ok` until it holds (10 s deadline)."""
-    for _ in range(1000):
-        if ok():
-            return
+async def until(ok: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll `ok` until it holds, within a deadline on the monotonic clock."""
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s")
         await asyncio.sleep(0.01)
-    raise AssertionError("not within 10 s")
 
 
 @pytest.fixture
@@ -137,16 +138,15 @@ async def test_reconcile_follows_the_config(intake: tuple[KvIntake, KvCaches]) -
     kv.reconcile([], {})
     assert caches.get("a") is None
     # the endpoint is free again: its socket was closed with its task
-    await asyncio.sleep(0)
-    for _ in range(100):
+    def port_free() -> bool:
         try:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", port + 1))
-            break
         except OSError:
-            await asyncio.sleep(0.02)
-    else:
-        pytest.fail("the intake's socket still holds its port")
+            return False
+        return True
+
+    await until(port_free, timeout_s=2.0)  # else the intake's socket still holds its port
 
 
 async def test_a_port_already_bound_is_logged_and_routing_falls_back(intake: tuple[KvIntake, KvCaches],

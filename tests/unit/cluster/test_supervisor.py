@@ -24,7 +24,7 @@ SETTINGS = parse_settings({
 # argv: counter file, then what each start does in turn: "crash" (listen, then exit 3), "serve"
 # (listen and stay), "fail" (exit 2 before listening); the last one repeats.
 WORKER = """
-import sys, time, pathlib
+import sys, signal, pathlib
 counter = pathlib.Path(sys.argv[1])
 n = int(counter.read_text()) if counter.exists() else 0
 counter.write_text(str(n + 1))
@@ -35,7 +35,7 @@ if step == "fail":
 print("gateway listening on http://127.0.0.1:1", flush=True)
 if step == "crash":
     sys.exit(3)
-time.sleep(600)
+signal.pause()  # serve until the supervisor stops it
 """
 
 
