@@ -9,6 +9,11 @@ replay socket is a ROUTER: a request `[identity, b"", start_seq (8 bytes)]` gets
 batch from `start_seq` and an end marker with seq -1 (vLLM 0.32 replies `[topic, seq, payload]`;
 SGLang `[seq, payload]`).
 
+The socket is an XPUB, wire-identical to the engines' PUB (a subscriber cannot tell them apart,
+and batches published before a subscription arrives are dropped just the same), so that the
+emulator can say when a subscription took effect (`subscriptions`): a test that wants
+the engine's first batch waits for it, as a deployment cannot (the gateway then joins late).
+
 Test knobs (`KvEventsConfig` and the methods below): a dropped batch consumes its sequence number
 and stays in the replay buffer but is never sent; a silent publisher sends nothing more.
 """
@@ -46,7 +51,7 @@ class ZmqKvPublisher:
         self._clock = clock
         self._topic = cfg.topic.encode()
         self._zctx = zmq.asyncio.Context()
-        self._pub = self._zctx.socket(zmq.PUB)
+        self._pub = self._zctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.SNDHWM, HWM)
         self._pub.setsockopt(zmq.LINGER, 0)
         if binds(cfg.endpoint):
@@ -54,13 +59,15 @@ class ZmqKvPublisher:
         else:
             self._pub.connect(cfg.endpoint)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
+        self.subscriptions = 0  # topics subscribed to (XPUB reports the first subscribe and the last unsubscribe)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._count_subscriptions(), name="kv-subscriptions")]
         self._replay: zmq.asyncio.Socket | None = None
-        self._replay_task: asyncio.Task[None] | None = None
         if cfg.replay_endpoint is not None:
             self._replay = self._zctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
             self._replay.bind(cfg.replay_endpoint)
-            self._replay_task = asyncio.get_running_loop().create_task(self._serve_replay(), name="kv-replay")
+            self._tasks.append(loop.create_task(self._serve_replay(), name="kv-replay"))
         self.seq = 0  # the next sequence number
         self.sent = 0
         self._drop = set(cfg.drop_batches)
@@ -88,6 +95,11 @@ class ZmqKvPublisher:
             self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
         self.sent += 1
 
+    async def _count_subscriptions(self) -> None:
+        while True:
+            message = await self._pub.recv()  # b"\x01" + topic subscribes, b"\x00" + topic unsubscribes
+            self.subscriptions += 1 if message[:1] == b"\x01" else -1
+
     async def _serve_replay(self) -> None:
         assert self._replay is not None
         while True:
@@ -110,10 +122,10 @@ class ZmqKvPublisher:
                 "max_queue_size": 100_000, "topic": self.cfg.topic}
 
     async def close(self) -> None:
-        if self._replay_task is not None:
-            self._replay_task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
+                await task
         self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)

@@ -82,9 +82,21 @@ def publishing(emulators: Emulators, runtime: str, *, encoding: KvEncoding = "ma
     return emu, {"kv_events": gw_kv}
 
 
-def start_gateway(gateway: Gateway, backends: list[dict[str, Any]]) -> GatewayProcess:
-    return gateway(backends, routes=[{"model": "moe", "backends": [b["name"] for b in backends],
-                                      "policy": "prefix_affinity", "tokenizer": "emulator"}])
+def start_gateway(gateway: Gateway, backends: list[dict[str, Any]], *engines: RunningEmulator) -> GatewayProcess:
+    """The gateway, once each of `engines` (publishers the gateway binds for) hears its subscription."""
+    gw = gateway(backends, routes=[{"model": "moe", "backends": [b["name"] for b in backends],
+                                    "policy": "prefix_affinity", "tokenizer": "emulator"}])
+    for emu in engines:
+        subscribed(emu)
+    return gw
+
+
+def subscribed(emu: RunningEmulator) -> None:
+    """Wait until `emu`'s publisher has the gateway's subscription: batches published before are
+    dropped (ZMQ's slow joiner), and the gateway would join late and rebuild, as against a real
+    engine; the tests below want the first batch (`test_a_late_joiner_...` joins late on purpose)."""
+    if isinstance(emu.kv_events, ZmqKvPublisher):
+        wait_for(lambda: zmq_publisher(emu).subscriptions, lambda n: n > 0, what="the gateway's subscription")
 
 
 @pytest.mark.parametrize(("runtime", "encoding", "block_size"), [
@@ -96,7 +108,7 @@ def test_expected_cached_tokens_equal_the_engines_while_events_are_live(
     fleet = [publishing(emulators, runtime, encoding=encoding, block_size=block_size, blocks=768 // block_size)
              for _ in range(2)]
     backends = [backend_entry(f"{runtime}-{i}", emu, runtime, **extra) for i, (emu, extra) in enumerate(fleet)]
-    gw = start_gateway(gateway, backends)
+    gw = start_gateway(gateway, backends, *(emu for emu, _ in fleet))
     client = gw.client()
     names = [b["name"] for b in backends]
     compared = exact = 0
@@ -131,7 +143,7 @@ def zmq_publisher(emu: RunningEmulator) -> ZmqKvPublisher:
 def test_a_gap_falls_back_then_rebuilds_and_is_verified(emulators: Emulators, gateway: Gateway,
                                                          loop_thread: LoopThread) -> None:
     emu, extra = publishing(emulators, "vllm")
-    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)])
+    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)], emu)
     client = gw.client()
     requests = conversations(seed=3, n=40)
     for messages in requests[:4]:
@@ -161,10 +173,33 @@ def test_a_gap_falls_back_then_rebuilds_and_is_verified(emulators: Emulators, ga
     assert gw.metric("gateway_kv_index_resets_total", reason="gap") == 1
 
 
+def test_a_late_joiner_rebuilds_and_is_verified(emulators: Emulators, gateway: Gateway) -> None:
+    """The engine's first batch never reaches the gateway (as when the engine served before the
+    gateway subscribed): it joins late, routes on the approximate index, and trusts the events
+    once answers confirm them."""
+    emu, extra = publishing(emulators, "vllm", drop_batches=frozenset({0}))
+    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)], emu)
+    client = gw.client()
+    requests = conversations(seed=8, n=40)
+    ask(client, requests[0])
+    ask(client, requests[1])
+    state = wait_for(lambda: kv_state(gw, "v"), lambda s: s["state"] != "waiting", what="the first batch heard")
+    assert (state["state"], state["reason"], state["resets"]) == ("rebuilding", "joined late", {"joined late": 1})
+    deadline = time.monotonic() + 60
+    i = 2
+    while kv_state(gw, "v")["state"] != "live":
+        assert time.monotonic() < deadline, kv_state(gw, "v")
+        ask(client, requests[i % len(requests)])
+        i += 1
+    assert kv_state(gw, "v")["reason"] == "rebuilt: predictions verified"
+    expected, reported, _ = ask(client, requests[-1])
+    assert expected == reported
+
+
 def test_a_replayed_gap_stays_live(emulators: Emulators, gateway: Gateway, loop_thread: LoopThread) -> None:
     replay = f"tcp://127.0.0.1:{free_port()}"
     emu, extra = publishing(emulators, "vllm", replay_endpoint=replay)
-    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)])
+    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)], emu)
     client = gw.client()
     requests = conversations(seed=4, n=16)
     for n, messages in enumerate(requests):
@@ -181,7 +216,7 @@ def test_a_replayed_gap_stays_live(emulators: Emulators, gateway: Gateway, loop_
 
 def test_a_silent_publisher_is_noticed(emulators: Emulators, gateway: Gateway, loop_thread: LoopThread) -> None:
     emu, extra = publishing(emulators, "vllm", silent_after_s=0.3)
-    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)])
+    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)], emu)
     client = gw.client()
     requests = conversations(seed=5, n=10)
     ask(client, requests[0])
@@ -210,14 +245,15 @@ def test_a_restarted_engine_starts_an_empty_live_index(emulators: Emulators, gat
     emu, extra = publishing(emulators, "vllm")
     port = int(emu.url.rsplit(":", 1)[1])
     endpoint = extra["kv_events"]["endpoint"]
-    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)])
+    gw = start_gateway(gateway, [backend_entry("v", emu, "vllm", **extra)], emu)
     client = gw.client()
     requests = conversations(seed=6, n=6)
     for messages in requests[:3]:
         ask(client, messages)
     assert kv_state(gw, "v")["ranks"]["0"]["blocks"] > 0
     emulators.stop(emu)
-    emulators.start("vllm", kv_events=KvEventsConfig(endpoint=endpoint), block_size=16, num_kv_blocks=48, port=port)
+    subscribed(emulators.start("vllm", kv_events=KvEventsConfig(endpoint=endpoint), block_size=16, num_kv_blocks=48,
+                               port=port))
     # the first request reaches an empty engine; its batch (sequence 0 again) tells the gateway
     assert ask_when_up(gw, client, requests[0])[1] == 0
     state = wait_for(lambda: kv_state(gw, "v"), lambda s: s["resets"] == {"restart": 1}, what="the restart seen")
@@ -285,11 +321,15 @@ def test_workers_each_hear_every_engine_once(emulators: Emulators, gateway: Gate
     ], workers=2)
     requests = conversations(seed=11, n=60)
     models = ["moe", "solo"]
+    # /metrics sums both workers: 2 x 3 backends, live. A worker whose subscription to the relay
+    # was still in flight when the first batches went out joined late: it is live once answers
+    # verified its index, which takes requests enough on each worker (within a deadline).
     i = 0
-    while gw.metric("gateway_kv_events_live") < 6:  # /metrics sums both workers: 2 x 3 backends, live
+    deadline = time.monotonic() + 90
+    while gw.metric("gateway_kv_events_live") < 6:
         ask_fresh(gw, requests[i % len(requests)], models[i % 2])
         i += 1
-        assert i < 60, [b["kv_events"] for b in gw.get("/admin/backends").json()["backends"]]
+        assert time.monotonic() < deadline, [b["kv_events"] for b in gw.get("/admin/backends").json()["backends"]]
     served: set[str] = set()
     compared = 0
     for n, messages in enumerate(requests[:30]):
