@@ -9,8 +9,10 @@ client used, and normalise error events to OpenAI's nested shape.
 Why it is cheap: a stream's ordinary token events all begin with the same bytes (id, object, created,
 model, `"choices":[{"index":0,"delta":{"content":"`), so once the first token event has been parsed
 that prefix is known, and a read holding one such event with non-empty text is recognised with three
-byte comparisons, no JSON. Everything else (the role chunk, finish and usage chunks, errors,
-`[DONE]`, several choices, other runtimes' shapes) takes the general path, which parses the event.
+byte comparisons, no JSON. A read holding many events (a whole short answer in one write) skips
+each run of consecutive ordinary events with a handful of byte searches over the run, whatever its
+length, instead of a search per event. Everything else (the role chunk, finish and usage chunks,
+errors, `[DONE]`, several choices, other runtimes' shapes) takes the general path, which parses the event.
 
 Framing follows the SSE standard: lines end with CRLF, LF or CR. A stream whose first line end holds a
 CR is normalised to LF for its whole length (the runtimes we know send LF). `data:[DONE]` without the
@@ -31,11 +33,12 @@ from backends.openai_compat import parse_usage
 from .. import json_codec
 from ..observability.outcome import Gaps
 
-DONE = b"data: [DONE]\n\n"
-MAX_EVENT_BYTES = 1024 * 1024  # a partial event larger than this is not an SSE stream we can relay
-MAX_TOKEN_TEXT = 64  # longest token text (as sent, escaped) the fast path takes; longer ones take the other
-_DATA = b"data:"
-_TEXT_KEYS = (b'"content":"', b'"text":"')  # where an ordinary chunk's generated text starts
+# Final: the compiled build inlines them (a module global is a dict lookup at each use)
+DONE: Final = b"data: [DONE]\n\n"
+MAX_EVENT_BYTES: Final = 1024 * 1024  # a partial event larger than this is not an SSE stream we can relay
+MAX_TOKEN_TEXT: Final = 64  # longest token text (as sent, escaped) the fast path takes; longer ones take the other
+_DATA: Final = b"data:"
+_TEXT_KEYS: Final = (b'"content":"', b'"text":"')  # where an ordinary chunk's generated text starts
 
 
 class SseFramingError(Exception):
@@ -153,6 +156,8 @@ class SseRelay(StreamRelay):
         self._prefix: bytes | None = None  # how this stream's ordinary token events begin
         self._client_prefix: bytes | None = None  # the same, as the client gets it (model renamed)
         self._suffix = b""  # how they end, after the text (learned with the prefix)
+        self._next_prefix = b""  # an event boundary followed by the prefix: where the next token event starts
+        self._empty = b""  # the prefix of an event with empty text (not a token: the general path reads it)
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
@@ -194,15 +199,24 @@ class SseRelay(StreamRelay):
         pos = 0
         stop = end + 2
         plen = len(prefix) if prefix is not None else 0
+        runs = True
         while pos < stop:
             if buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
                 pos += 1
                 continue
-            nxt = buf.find(b"\n\n", pos)
-            if prefix is not None and pos + plen < nxt and buf[pos:pos + plen] == prefix and buf[pos + plen] != 34:
+            if prefix is not None and buf[pos:pos + plen] == prefix and buf[pos + plen] != 34:
+                # an ordinary token event (the prefix holds no line end, so it lies within the event)
+                if runs:
+                    run = self._run(buf, pos, stop)
+                    if run is not None:
+                        tokens += run[0]
+                        pos = run[1]
+                        continue
+                    runs = False  # at most one failed attempt a read: the walk stays linear
                 tokens += 1
-                pos = nxt + 2
+                pos = buf.find(b"\n\n", pos) + 2
                 continue
+            nxt = buf.find(b"\n\n", pos)
             event = buf[pos:nxt]
             kept, is_token = self._event(event)
             if is_token:
@@ -240,6 +254,25 @@ class SseRelay(StreamRelay):
         return self.feed(rest, now)
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _run(self, buf: bytes, pos: int, stop: int) -> tuple[int, int] | None:
+        """The run of ordinary token events from `pos` (one starts there) to the last one before
+        `stop`: (its events, where it ends), or None if another kind of event lies within it.
+
+        Every event boundary in the run but its last must be followed by the prefix: then every event
+        in it is an ordinary token event (an event starts after a boundary; JSON escapes line ends,
+        so a boundary cannot lie inside an event). An extra blank line leaves a boundary not followed
+        by the prefix and an event with empty text matches `_empty`: both end the skip (None), and
+        the per-event walk takes over."""
+        nxt = self._next_prefix
+        last = buf.rfind(nxt, pos, stop)
+        if last < 0:
+            return None
+        end = buf.find(b"\n\n", last + 2, stop) + 2
+        events = buf.count(b"\n\n", pos, end)
+        if buf.count(nxt, pos, end) != events - 1 or buf.count(self._empty, pos, end):
+            return None
+        return events, end
 
     def _keep(self, rest: bytes) -> None:
         if len(rest) > MAX_EVENT_BYTES:
@@ -306,5 +339,7 @@ class SseRelay(StreamRelay):
                         return  # no fast path for this stream: the general path renames everywhere
                     self._client_prefix = prefix.replace(swap[0], swap[1], 1)
                 self._prefix = prefix
+                self._next_prefix = b"\n\n" + prefix
+                self._empty = prefix + b'"'
                 self._suffix = event[end:] + b"\n\n"
                 return

@@ -142,3 +142,24 @@ def test_a_model_field_after_the_text_is_still_renamed_on_every_event() -> None:
     assert out.count(b'"model":"moe"') == 3
     assert b"tiny-moe" not in out
     assert relay.stats.tokens == 3
+
+
+def test_runs_of_token_events_in_one_read_count_as_the_event_by_event_walk() -> None:
+    """A read of many events skips runs of ordinary token events with a few searches; whatever lies
+    between them (empty text, extra blank lines, role, finish, usage, comments, a second data line)
+    must give the same output and the same token count as feeding one event a read."""
+    import random
+
+    kinds = [TOK, TOK, TOK, HEAD + b'"choices":[{"index":0,"delta":{"content":""}}]}\n\n', ROLE, USAGE,
+             HEAD + b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n', b": keep-alive\n\n",
+             b"\n", TOK[:-1] + TOK, HEAD + b'"choices":[{"index":0,"delta":{"content":"\\n\\n"}}]}\n\n']
+    rng = random.Random(7)
+    for trial in range(300):
+        body = [TOK] + [rng.choice(kinds) for _ in range(rng.randrange(1, 30))] + [DONE]
+        one = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=trial % 2 == 0)
+        split = b"".join(one.feed(e, float(i)) for i, e in enumerate(body)) + one.close(99.0)
+        other = SseRelay(backend_model="tiny-moe", client_model="m", include_usage=trial % 2 == 0)
+        other.feed(TOK, 0.0)  # the prefix is learned: the rest comes in one read
+        whole = TOK.replace(b"tiny-moe", b"m") + other.feed(b"".join(body[1:]), 1.0) + other.close(99.0)
+        assert whole == split, body
+        assert other.stats.tokens == one.stats.tokens, body
