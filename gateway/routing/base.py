@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import field
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final, Protocol
 
 from backends.base import Runtime
-from backends.values import value
 
 if TYPE_CHECKING:
     from .latency import LatencyModel
     from .tokens import TokenPrompt
 
-CHARS_PER_TOKEN = 4  # the char-based token approximation (no tokenizer in the gateway)
-UNIT_TOKENS = 16  # the base hashing block; coarser engine blocks are whole multiples of it
-UNIT_CHARS = UNIT_TOKENS * CHARS_PER_TOKEN
+CHARS_PER_TOKEN: Final = 4  # the char-based token approximation (no tokenizer in the gateway)
+UNIT_TOKENS: Final = 16  # the base hashing block; coarser engine blocks are whole multiples of it
+UNIT_CHARS: Final = UNIT_TOKENS * CHARS_PER_TOKEN
 
 
 def stride_for(block_size: int | None) -> int:
@@ -38,16 +38,25 @@ def stride_for(block_size: int | None) -> int:
     return -(-block_size // UNIT_TOKENS)
 
 
-@value
+# The classes below are built per request (or per backend per request): value classes with their
+# `__init__` written out, so the compiled build compiles it (`backends/values.py`).
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class SlaTarget:
     """A request's latency targets from `x-sla-ttft-ms` / `x-sla-tpot-ms` / `x-sla-strict`."""
 
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    strict: bool = False
+    ttft_s: Final[float | None]
+    tpot_s: Final[float | None]
+    strict: Final[bool]
+
+    def __init__(self, ttft_s: float | None = None, tpot_s: float | None = None, strict: bool = False) -> None:
+        self.ttft_s = ttft_s
+        self.tpot_s = tpot_s
+        self.strict = strict
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class RequestFeatures:
     """What `describe` extracts from a request, once, for every policy.
 
@@ -56,35 +65,66 @@ class RequestFeatures:
     stride over it, and a prefix match is a run from the start.
     """
 
-    chain: tuple[int, ...] = ()
-    prompt_bytes: int = 0  # length of the hashed byte stream (chars for ASCII text, 4 per token id)
-    prompt_tokens: int = 0  # estimate: chars / CHARS_PER_TOKEN
-    affinity_key: int | None = None  # the rendezvous key: prefix key, else session, else first block
-    prefix_key: str | None = None
-    session_key: str | None = None
-    sticky_key: str | None = None  # for A/B arms: session, else the body's `user`
-    sla: SlaTarget | None = None
+    chain: Final[tuple[int, ...]]
+    prompt_bytes: Final[int]  # length of the hashed byte stream (chars for ASCII text, 4 per token id)
+    prompt_tokens: Final[int]  # estimate: chars / CHARS_PER_TOKEN
+    affinity_key: Final[int | None]  # the rendezvous key: prefix key, else session, else first block
+    prefix_key: Final[str | None]
+    session_key: Final[str | None]
+    sticky_key: Final[str | None]  # for A/B arms: session, else the body's `user`
+    sla: Final[SlaTarget | None]
     # the engine's prompt token ids, when the route has a tokenizer (then `prompt_tokens` counts them)
-    tokens: TokenPrompt | None = None
+    tokens: Final[TokenPrompt | None]
+
+    def __init__(
+        self, chain: tuple[int, ...] = (), prompt_bytes: int = 0, prompt_tokens: int = 0,
+        affinity_key: int | None = None, prefix_key: str | None = None, session_key: str | None = None,
+        sticky_key: str | None = None, sla: SlaTarget | None = None, tokens: TokenPrompt | None = None,
+    ) -> None:
+        self.chain = chain
+        self.prompt_bytes = prompt_bytes
+        self.prompt_tokens = prompt_tokens
+        self.affinity_key = affinity_key
+        self.prefix_key = prefix_key
+        self.session_key = session_key
+        self.sticky_key = sticky_key
+        self.sla = sla
+        self.tokens = tokens
 
 
-NO_FEATURES = RequestFeatures()
+NO_FEATURES: Final = RequestFeatures()
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class BackendView:
     """What a policy may know about one backend, frozen at snapshot time."""
 
-    name: str
-    runtime: Runtime
-    healthy: bool
-    in_flight: int
-    waiting: float | None  # engine-reported queue; None when the engine does not say
-    running: float | None
-    kv_usage: float | None
-    usd_per_hour: float | None
-    block_size: int | None = None  # engine-reported prefix-cache granularity (tokens); None = unknown
-    output_tokens_per_s: float | None = None  # best recent measured decode throughput; None = unknown
+    name: Final[str]
+    runtime: Final[Runtime]
+    healthy: Final[bool]
+    in_flight: Final[int]
+    waiting: Final[float | None]  # engine-reported queue; None when the engine does not say
+    running: Final[float | None]
+    kv_usage: Final[float | None]
+    usd_per_hour: Final[float | None]
+    block_size: Final[int | None]  # engine-reported prefix-cache granularity (tokens); None = unknown
+    output_tokens_per_s: Final[float | None]  # best recent measured decode throughput; None = unknown
+
+    def __init__(
+        self, name: str, runtime: Runtime, healthy: bool, in_flight: int, waiting: float | None,
+        running: float | None, kv_usage: float | None, usd_per_hour: float | None, block_size: int | None = None,
+        output_tokens_per_s: float | None = None,
+    ) -> None:
+        self.name = name
+        self.runtime = runtime
+        self.healthy = healthy
+        self.in_flight = in_flight
+        self.waiting = waiting
+        self.running = running
+        self.kv_usage = kv_usage
+        self.usd_per_hour = usd_per_hour
+        self.block_size = block_size
+        self.output_tokens_per_s = output_tokens_per_s
 
     @property
     def load_score(self) -> float:
@@ -137,11 +177,20 @@ class _NoPrefixes:
 NO_PREFIXES: PrefixLookup = _NoPrefixes()
 
 
-@value
+_NO_LATENCY: Mapping[str, LatencyModel] = MappingProxyType({})
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class Snapshot:
-    backends: tuple[BackendView, ...]
-    prefix: PrefixLookup = NO_PREFIXES
-    latency: Mapping[str, LatencyModel] = field(default_factory=dict)  # by backend name; absent = unknown
+    backends: Final[tuple[BackendView, ...]]
+    prefix: Final[PrefixLookup]
+    latency: Final[Mapping[str, LatencyModel]]  # by backend name; absent = unknown
+
+    def __init__(self, backends: tuple[BackendView, ...], prefix: PrefixLookup = NO_PREFIXES,
+                 latency: Mapping[str, LatencyModel] = _NO_LATENCY) -> None:
+        self.backends = backends
+        self.prefix = prefix
+        self.latency = latency
 
     def healthy(self, exclude: frozenset[str] = frozenset()) -> tuple[BackendView, ...]:
         """The candidates: healthy and not excluded, in config order (`backends` itself when that
@@ -154,17 +203,27 @@ class Snapshot:
         return backends if len(out) == len(backends) else tuple(out)
 
 
-@value
+_NONE_TRIED: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class RouteRequest:
     """The routing-relevant description of a request."""
 
-    model: str
-    seq: int  # a per-route request counter, so round robin stays a pure function
-    exclude: frozenset[str] = frozenset()  # backends already tried for this request
-    features: RequestFeatures = NO_FEATURES  # from `describe`, once per request
+    model: Final[str]
+    seq: Final[int]  # a per-route request counter, so round robin stays a pure function
+    exclude: Final[frozenset[str]]  # backends already tried for this request
+    features: Final[RequestFeatures]  # from `describe`, once per request
+
+    def __init__(self, model: str, seq: int, exclude: frozenset[str] = _NONE_TRIED,
+                 features: RequestFeatures = NO_FEATURES) -> None:
+        self.model = model
+        self.seq = seq
+        self.exclude = exclude
+        self.features = features
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class Decision:
     """A choice, with a low-cardinality `reason` for metrics and the response headers.
 
@@ -173,12 +232,21 @@ class Decision:
     names the best-effort candidate, for logs).
     """
 
-    backend: str
-    reason: str  # "round_robin", "least_load", "affinity", "hash", "spill", "sla", "sla_miss", "cost", ...
-    expected_hit_tokens: int = 0  # what the prefix index predicts the backend has cached
-    predicted_ttft_s: float | None = None
-    reject: bool = False
-    retry_after_s: float | None = None
+    backend: Final[str]
+    reason: Final[str]  # "round_robin", "least_load", "affinity", "hash", "spill", "sla", "sla_miss", "cost", ...
+    expected_hit_tokens: Final[int]  # what the prefix index predicts the backend has cached
+    predicted_ttft_s: Final[float | None]
+    reject: Final[bool]
+    retry_after_s: Final[float | None]
+
+    def __init__(self, backend: str, reason: str, expected_hit_tokens: int = 0, predicted_ttft_s: float | None = None,
+                 reject: bool = False, retry_after_s: float | None = None) -> None:
+        self.backend = backend
+        self.reason = reason
+        self.expected_hit_tokens = expected_hit_tokens
+        self.predicted_ttft_s = predicted_ttft_s
+        self.reject = reject
+        self.retry_after_s = retry_after_s
 
 
 class Policy(Protocol):

@@ -12,31 +12,41 @@ Routing, A/B arms and retries then consider only the backends `missing` finds no
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from backends.base import Endpoint
 from backends.capabilities import ENDPOINT_FEATURE, Feature
 from backends.responses_chat import untranslatable
-from backends.values import value
 
-_IMAGE_PARTS = frozenset({"image_url", "input_image", "image_embeds", "video_url"})
-_AUDIO_PARTS = frozenset({"input_audio", "audio_url"})
-_TEXT_FORMATS = frozenset({None, "text"})
-
-
-@value
-class Needs:
-    """What serving a request takes. `serves`: endpoint features any one of which will do, preferred
-    first (a Responses request chat can express: `(responses, chat)`); `features`: everything else."""
-
-    endpoint: Endpoint
-    serves: tuple[Feature, ...]
-    features: frozenset[Feature] = frozenset()
-    untranslatable: str | None = None  # Responses: the field chat cannot express (needs native Responses)
+_IMAGE_PARTS: Final = frozenset({"image_url", "input_image", "image_embeds", "video_url"})
+_AUDIO_PARTS: Final = frozenset({"input_audio", "audio_url"})
+_TEXT_FORMATS: Final = frozenset({None, "text"})
 
 
 _NOTHING: frozenset[Feature] = frozenset()
-_PLAIN_CHAT = Needs(Endpoint.CHAT, (Feature.CHAT,))
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Needs:
+    """What serving a request takes. `serves`: endpoint features any one of which will do, preferred
+    first (a Responses request chat can express: `(responses, chat)`); `features`: everything else.
+    Built per request: a value class with its `__init__` written out (`backends/values.py`)."""
+
+    endpoint: Final[Endpoint]
+    serves: Final[tuple[Feature, ...]]
+    features: Final[frozenset[Feature]]
+    untranslatable: Final[str | None]  # Responses: the field chat cannot express (needs native Responses)
+
+    def __init__(self, endpoint: Endpoint, serves: tuple[Feature, ...], features: frozenset[Feature] = _NOTHING,
+                 untranslatable: str | None = None) -> None:
+        self.endpoint = endpoint
+        self.serves = serves
+        self.features = features
+        self.untranslatable = untranslatable
+
+
+_PLAIN_CHAT: Final = Needs(Endpoint.CHAT, (Feature.CHAT,))
 
 # the request parameter that asks for each feature, for the error's `param`
 PARAMS: Mapping[Feature, str] = {
@@ -154,7 +164,7 @@ def needs(body: Mapping[str, Any], endpoint: Endpoint) -> Needs:
     return Needs(endpoint, (ENDPOINT_FEATURE[endpoint],))
 
 
-_ORDER = tuple(Feature)
+_ORDER: Final = tuple(Feature)
 
 
 def lacking(capabilities: frozenset[Feature], need: Needs) -> tuple[Feature, ...]:

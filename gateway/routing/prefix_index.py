@@ -23,25 +23,35 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import takewhile
-
-from backends.values import value
+from typing import Final
 
 from .base import UNIT_CHARS, UNIT_TOKENS, BackendView, RequestFeatures, stride_for
 
-DEFAULT_CAPACITY = 50_000  # entries per backend: ~5 MB each, ~800k tokens at 16 tokens per block
+DEFAULT_CAPACITY: Final = 50_000  # entries per backend: ~5 MB each, ~800k tokens at 16 tokens per block
 
 
-@value
+@dataclass(slots=True, unsafe_hash=True)
 class Sent:
-    """The index's memory of one dispatch, handed back to `observe` or `abandon`."""
+    """The index's memory of one dispatch, handed back to `observe` or `abandon` (per request: a
+    value class with its `__init__` written out, `backends/values.py`)."""
 
-    backend: str
-    chain: tuple[int, ...]
-    stride: int
-    prompt_bytes: int
-    predicted_blocks: int  # leading blocks the index believed the backend had before this send
-    tick: int
+    backend: Final[str]
+    chain: Final[tuple[int, ...]]
+    stride: Final[int]
+    prompt_bytes: Final[int]
+    predicted_blocks: Final[int]  # leading blocks the index believed the backend had before this send
+    tick: Final[int]
+
+    def __init__(self, backend: str, chain: tuple[int, ...], stride: int, prompt_bytes: int, predicted_blocks: int,
+                 tick: int) -> None:
+        self.backend = backend
+        self.chain = chain
+        self.stride = stride
+        self.prompt_bytes = prompt_bytes
+        self.predicted_blocks = predicted_blocks
+        self.tick = tick
 
     @property
     def predicted_tokens(self) -> int:

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from .base import CHARS_PER_TOKEN, BackendView, EngineCaches, RequestFeatures, Snapshot
 from .latency import LatencyEstimator, LatencyModel
 from .prefix_index import DEFAULT_CAPACITY, PrefixIndex, Sent
 from .tokens import TokenPrompt
 
-EXACT = "exact"
-APPROXIMATE = "approximate"
+EXACT: Final = "exact"
+APPROXIMATE: Final = "approximate"
 
 
 class EngineFeedback(EngineCaches, Protocol):
@@ -50,16 +50,32 @@ class EngineFeedback(EngineCaches, Protocol):
 class Ticket:
     """One dispatched request's routing bookkeeping, from `dispatched` to `completed`/`failed`."""
 
-    sent: Sent
-    uncached_tokens: float
-    ahead_tokens: float  # uncached prefill this gateway had queued on the backend before this one
-    running: float  # the backend's batch when we sent (engine-reported, else our in-flight count)
-    prefilled: bool = False
-    expected_tokens: int = 0  # the cached tokens routing expected on this backend
-    source: str = APPROXIMATE  # which index said so
-    exact_tokens: int | None = None  # the event-built index's prediction, live or not
-    prompt: TokenPrompt | None = None
-    counter: int = 0
+    sent: Final[Sent]
+    uncached_tokens: Final[float]
+    ahead_tokens: Final[float]  # uncached prefill this gateway had queued on the backend before this one
+    running: Final[float]  # the backend's batch when we sent (engine-reported, else our in-flight count)
+    prefilled: bool
+    expected_tokens: Final[int]  # the cached tokens routing expected on this backend
+    source: Final[str]  # which index said so
+    exact_tokens: Final[int | None]  # the event-built index's prediction, live or not
+    prompt: Final[TokenPrompt | None]
+    counter: Final[int]
+
+    def __init__(  # written out, so the compiled build compiles it (`backends/values.py`)
+        self, sent: Sent, uncached_tokens: float, ahead_tokens: float, running: float, prefilled: bool = False,
+        expected_tokens: int = 0, source: str = APPROXIMATE, exact_tokens: int | None = None,
+        prompt: TokenPrompt | None = None, counter: int = 0,
+    ) -> None:
+        self.sent = sent
+        self.uncached_tokens = uncached_tokens
+        self.ahead_tokens = ahead_tokens
+        self.running = running
+        self.prefilled = prefilled
+        self.expected_tokens = expected_tokens
+        self.source = source
+        self.exact_tokens = exact_tokens
+        self.prompt = prompt
+        self.counter = counter
 
     @property
     def backend(self) -> str:
