@@ -10,22 +10,25 @@ from typing import Final
 
 from backends.base import Usage
 
-NONE = "none"  # the label of what is not known (unroutable requests: no backend, runtime or route)
+NONE: Final = "none"  # the label of what is not known (unroutable requests: no backend, runtime or route)
 
 # Inter-token latency histogram bounds, shared by the Prometheus family and each stream's own counts.
 ITL_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 # The live percentiles' resolution: log-spaced cells 2% wide, so a percentile read from the cells is
 # within 1% of the exact one (and exact while a cell holds one distinct value).
-CELL_BASE = 1.02
-_LOG_BASE = math.log(CELL_BASE)
+CELL_BASE: Final = 1.02
+_LOG_BASE: Final = math.log(CELL_BASE)
+_ZERO_CELL: Final = -(1 << 30)  # the cell of gaps of 0 s (tokens that arrived in one read)
+_SLOTS: Final = 16  # the recently used cells a histogram finds without a dict lookup (a power of two)
 
 
 class Cell:
-    """One log-spaced cell of a GapHistogram: how many gaps, the smallest and the largest."""
+    """One log-spaced cell of a GapHistogram (number `i`): how many gaps, the smallest and the largest."""
 
-    __slots__ = ("count", "hi", "lo")
+    __slots__ = ("count", "hi", "i", "lo")
 
-    def __init__(self, count: int, lo: float, hi: float) -> None:
+    def __init__(self, i: int, count: int, lo: float, hi: float) -> None:
+        self.i = i
         self.count = count
         self.lo = lo
         self.hi = hi
@@ -41,30 +44,35 @@ class Cell:
 class GapHistogram:
     """Inter-token gaps as counts in log-spaced cells: O(distinct cells) memory, exact counts, merged
     by adding counts. Each cell also keeps the smallest and largest gap it saw, so a cell that only
-    ever saw one value reports it exactly. The per-token cost is a log, and a dict lookup only when
-    the gap falls in another cell than the last one."""
+    ever saw one value reports it exactly. The per-token cost is a log and a list lookup: a stream's
+    gaps jitter over a few neighbouring cells, so the cells used last are kept in `_SLOTS` slots by
+    cell number (direct-mapped), and the dict is consulted only when a gap falls in a cell that is
+    not in its slot. (`cells` may be replaced only on a new histogram: the slots refer to its cells.)"""
 
-    __slots__ = ("_last", "_last_i", "cells", "count")
+    __slots__ = ("_recent", "cells", "count")
 
     def __init__(self) -> None:
         self.cells: dict[int, Cell] = {}
         self.count = 0
-        self._last_i = 1 << 62  # the cell of the last gap, and the cell itself
-        self._last: Cell | None = None
+        self._recent: list[Cell | None] = [None] * _SLOTS
 
     def add(self, gap_s: float, times: int = 1) -> None:
         self.count += times
-        i = math.floor(math.log(gap_s) / _LOG_BASE) if gap_s > 0 else -(1 << 30)
-        cell = self._last if i == self._last_i else self.cells.get(i)
-        if cell is None:
-            cell = self.cells[i] = Cell(times, gap_s, gap_s)
-        else:
-            cell.count += times
-            if gap_s < cell.lo:
-                cell.lo = gap_s
-            elif gap_s > cell.hi:
-                cell.hi = gap_s
-        self._last_i, self._last = i, cell
+        i = math.floor(math.log(gap_s) / _LOG_BASE) if gap_s > 0 else _ZERO_CELL
+        slot = i & (_SLOTS - 1)
+        recent = self._recent
+        cell = recent[slot]
+        if cell is None or cell.i != i:
+            cell = self.cells.get(i)
+            if cell is None:
+                self.cells[i] = recent[slot] = Cell(i, times, gap_s, gap_s)
+                return
+            recent[slot] = cell
+        cell.count += times
+        if gap_s < cell.lo:
+            cell.lo = gap_s
+        elif gap_s > cell.hi:
+            cell.hi = gap_s
 
     def merge(self, other: GapHistogram) -> None:
         self.count += other.count
@@ -72,7 +80,7 @@ class GapHistogram:
         for i, c in other.cells.items():
             cell = cells.get(i)
             if cell is None:
-                cells[i] = Cell(c.count, c.lo, c.hi)
+                cells[i] = Cell(i, c.count, c.lo, c.hi)
             else:
                 cell.count += c.count
                 if c.lo < cell.lo:

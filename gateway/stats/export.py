@@ -130,7 +130,7 @@ def _merged_gaps(parts: Sequence[list[Any]]) -> GapHistogram:
     for count, cells in parts:
         source = GapHistogram()
         source.count = int(count)
-        source.cells = {int(i): Cell(int(n), float(lo), float(hi)) for i, n, lo, hi in cells}
+        source.cells = {int(i): Cell(int(i), int(n), float(lo), float(hi)) for i, n, lo, hi in cells}
         merged.merge(source)
     return merged
 
