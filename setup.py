@@ -30,6 +30,7 @@ NATIVE = [
     "gateway/client/connection.py",
     "gateway/client/pool.py",
     "gateway/client/response.py",
+    "gateway/cluster/clock.py",
     "gateway/http/native_front.py",
     "gateway/http/reader.py",
     "gateway/http/wire.py",

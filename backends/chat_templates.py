@@ -11,11 +11,11 @@ default and would add a second BOS.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from backends.base import TranslationError
 
-TEMPLATES = ("chatml", "llama3", "plain")
+TEMPLATES: Final = ("chatml", "llama3", "plain")
 
 
 def message_text(message: Mapping[str, Any], index: int) -> str:

@@ -28,7 +28,7 @@ from backends.base import (
     Usage,
 )
 
-PATHS = {
+PATHS: Final = {
     Endpoint.CHAT: "/v1/chat/completions",
     Endpoint.COMPLETIONS: "/v1/completions",
     Endpoint.RESPONSES: "/v1/responses",
@@ -37,16 +37,16 @@ PATHS = {
     Endpoint.DETOKENIZE: "/detokenize",
 }
 # the endpoints whose streams are chat/completions chunks (the gateway asks them for a usage chunk)
-CHUNKED = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
+CHUNKED: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
 
-_TYPE_BY_STATUS = {
+_TYPE_BY_STATUS: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     429: "rate_limit_error",
 }
-_MAX_TEXT_IN_MESSAGE = 500
+_MAX_TEXT_IN_MESSAGE: Final = 500
 
 
 class OpenAICompatAdapter:

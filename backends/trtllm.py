@@ -12,7 +12,7 @@ is drained on every read (`[]` means "nothing new", not "idle").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -24,7 +24,7 @@ def _fields(names: str) -> frozenset[str]:
     return frozenset(names.split())
 
 
-_COMMON = _fields(
+_COMMON: Final = _fields(
     """
     model frequency_penalty logit_bias logprobs n presence_penalty response_format seed stop stream
     stream_options temperature top_p user best_of use_beam_search top_k top_p_min min_p repetition_penalty
@@ -33,24 +33,26 @@ _COMMON = _fields(
     disaggregated_params thinking_token_budget prompt_ignore_length
     """
 )
-CHAT_FIELDS = _COMMON | _fields(
+CHAT_FIELDS: Final = _COMMON | _fields(
     """
     messages top_logprobs max_tokens max_completion_tokens tools tool_choice parallel_tool_calls
     reasoning_effort echo add_generation_prompt documents chat_template chat_template_kwargs cache_salt
     mm_processor_kwargs prompt_token_ids
     """
 )
-COMPLETION_FIELDS = _COMMON | _fields("prompt echo max_tokens suffix return_context_logits detokenize")
+COMPLETION_FIELDS: Final = _COMMON | _fields("prompt echo max_tokens suffix return_context_logits detokenize")
 # `ResponsesRequest` (openai_protocol.py): the OpenAI fields it declares (its `priority` is dropped, as above)
-RESPONSES_FIELDS = _fields(
+RESPONSES_FIELDS: Final = _fields(
     """
     background include input instructions max_output_tokens max_tool_calls metadata model parallel_tool_calls
     previous_response_id prompt reasoning service_tier store stream temperature text tool_choice tools
     top_logprobs top_p truncation user stream_options
     """
 )
-_ALLOWED = {Endpoint.CHAT: CHAT_FIELDS, Endpoint.COMPLETIONS: COMPLETION_FIELDS, Endpoint.RESPONSES: RESPONSES_FIELDS}
-STREAM_OPTION_FIELDS = frozenset({"include_usage", "continuous_usage_stats"})
+_ALLOWED: Final = {
+    Endpoint.CHAT: CHAT_FIELDS, Endpoint.COMPLETIONS: COMPLETION_FIELDS, Endpoint.RESPONSES: RESPONSES_FIELDS,
+}
+STREAM_OPTION_FIELDS: Final = frozenset({"include_usage", "continuous_usage_stats"})
 
 
 def _num(obj: dict[str, Any], key: str) -> float | None:

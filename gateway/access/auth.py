@@ -20,6 +20,7 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
@@ -36,13 +37,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # the models the authenticated key may use (None: all), for `/v1/models`
 KEY_MODELS: web.RequestKey[list[str] | None] = web.RequestKey("api_key_models")
-PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
-READ_METHODS = frozenset({"GET", "HEAD"})
-ENDPOINT_PATHS = {
+PUBLIC_PATHS: Final = frozenset({"/health", "/ready", "/openapi.json"})
+READ_METHODS: Final = frozenset({"GET", "HEAD"})
+ENDPOINT_PATHS: Final = {
     Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions", Endpoint.RESPONSES: "/v1/responses",
     Endpoint.EMBEDDINGS: "/v1/embeddings", Endpoint.TOKENIZE: "/tokenize", Endpoint.DETOKENIZE: "/detokenize",
 }
-GENERATION_PATHS = frozenset(ENDPOINT_PATHS.values())
+GENERATION_PATHS: Final = frozenset(ENDPOINT_PATHS.values())
 
 
 def _digest(secret: str) -> bytes:

@@ -8,7 +8,7 @@ import base64
 import collections
 import ssl
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -19,8 +19,8 @@ from .response import HIGH_WATER_BYTES, UpstreamResponse
 if TYPE_CHECKING:
     from .pool import UpstreamPool
 
-_NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
-_OURS = frozenset({"host", "content-length", "transfer-encoding"})
+_NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+_OURS: Final = frozenset({"host", "content-length", "transfer-encoding"})
 
 
 class Origin:

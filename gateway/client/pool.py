@@ -31,13 +31,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from .connection import Connection, Origin, request_head
 from .errors import LOCAL_ERRNOS, UpstreamConnectError, UpstreamLocalExhaustion
 from .response import UpstreamResponse
 
 # uvicorn closes idle keep-alive connections after 5 s (`timeout_keep_alive`); expire ours before it.
-IDLE_TIMEOUT_S = 4.0
+IDLE_TIMEOUT_S: Final = 4.0
 
 
 class UpstreamPool:

@@ -7,14 +7,14 @@ The connection (`connection.Connection`) fills it from its parser callbacks; the
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .errors import UpstreamClientError, UpstreamProtocolError
 
 if TYPE_CHECKING:
     from .connection import Connection
 
-HIGH_WATER_BYTES = 256 * 1024  # buffered and unread: past this, reading from the socket pauses
+HIGH_WATER_BYTES: Final = 256 * 1024  # buffered and unread: past this, reading from the socket pauses
 
 
 class UpstreamResponse:

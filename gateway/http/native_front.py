@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Final, cast
 
 from backends.base import Endpoint
 
@@ -41,14 +41,14 @@ from .wire import date_line, error_bytes, status_line
 
 log = logging.getLogger(__name__)
 
-HOT_PATHS = {
+HOT_PATHS: Final = {
     b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.COMPLETIONS,
     b"/v1/responses": Endpoint.RESPONSES, b"/v1/embeddings": Endpoint.EMBEDDINGS,
 }
-_HOT_STARTS = tuple(b"POST " + path + b" " for path in HOT_PATHS)
-_HIGH_WATER = 256 * 1024  # bytes buffered behind a running request before reading pauses
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_BLANK = (13, 10)  # CR, LF: empty lines between requests are skipped (RFC 9112 2.2)
+_HOT_STARTS: Final = tuple(b"POST " + path + b" " for path in HOT_PATHS)
+_HIGH_WATER: Final = 256 * 1024  # bytes buffered behind a running request before reading pauses
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_BLANK: Final = (13, 10)  # CR, LF: empty lines between requests are skipped (RFC 9112 2.2)
 
 
 class NativeSink:

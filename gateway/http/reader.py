@@ -32,14 +32,14 @@ import httptools
 from ..errors import BodyTooLarge, GatewayError, HeadersTooLarge, InvalidRequest
 from ..settings import Limits
 
-HEAD_END = b"\r\n\r\n"
-MAX_HEADERS = 128
+HEAD_END: Final = b"\r\n\r\n"
+MAX_HEADERS: Final = 128
 
 # what `Reader.feed` stopped at
-MORE = 0  # everything given was consumed; the request being read (if any) is not complete
-HEADERS = 1  # a request's head is complete and its body follows
-COMPLETE = 2  # a request is complete: `take()` it
-FAILED = 3  # the request was refused: `error` says why, `message` is what was read of it
+MORE: Final = 0  # everything given was consumed; the request being read (if any) is not complete
+HEADERS: Final = 1  # a request's head is complete and its body follows
+COMPLETE: Final = 2  # a request is complete: `take()` it
+FAILED: Final = 3  # the request was refused: `error` says why, `message` is what was read of it
 
 
 @dataclass(slots=True)

@@ -26,13 +26,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
 
 from ..routing.tokens import TokenPrompt
 from .events import Batch, Cleared, Created, KvEvent, Removed, Stored
 from .index import RankIndex
 
-VERIFY = 3  # consecutive exact predictions that end a rebuild
-SILENT_AFTER_S = 5.0
+VERIFY: Final = 3  # consecutive exact predictions that end a rebuild
+SILENT_AFTER_S: Final = 5.0
 
 
 class State(StrEnum):

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Final
 
 from ..routing.tokens import ROOT_KEY, TokenPrompt, extend, key_tokens, pack
 from .events import Hash, Removed, Stored
 
-REMOVED_MEMORY = 65_536  # engine hashes of removed blocks kept for parent resolution
+REMOVED_MEMORY: Final = 65_536  # engine hashes of removed blocks kept for parent resolution
 
 
 class RankIndex:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Final
 
 from backends.base import Endpoint, Usage
 
@@ -28,9 +29,9 @@ from ..state.pool import BackendState, Pool
 from .exchange import Exchange, sla_outcome
 
 # statuses of responses an engine produced (its usage then corrects the prefix memory)
-RESPONSE_STARTED = frozenset({"200", "stream_error", "stream_timeout", "client_closed"})
+RESPONSE_STARTED: Final = frozenset({"200", "stream_error", "stream_timeout", "client_closed"})
 # endpoints that run no generation or pooling: nothing to charge when their answer is lost
-NO_TOKENS = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})
+NO_TOKENS: Final = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})
 
 KeyCharge = Callable[[ApiKey, Outcome], None]
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 from types import TracebackType
+from typing import Final
 
-TICK_S = 0.01
+TICK_S: Final = 0.01
 
 
 class Deadlines:

@@ -21,7 +21,7 @@ from .sse import StreamStats
 
 # Request ids need uniqueness, not secrecy: 64 random bits per process (from os.urandom, once) and a
 # counter. A counter's decimal digits cost a fraction of formatting a random 128-bit number.
-_PROCESS = f"{random.SystemRandom().getrandbits(64):016x}-"
+_PROCESS: Final = f"{random.SystemRandom().getrandbits(64):016x}-"
 _issued = 0
 
 

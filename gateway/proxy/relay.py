@@ -8,6 +8,7 @@ started, a failure ends it with an OpenAI error event and `[DONE]`; it is never 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from backends.base import Endpoint, ErrorBody, UpstreamFormatError
 
@@ -23,9 +24,9 @@ from .responses_sse import ResponsesSseRelay
 from .sink import ResponseSink
 from .sse import SseFramingError, SseRelay, StreamRelay
 
-SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
 # error types a backend uses for the client's mistakes: an error event of these is not the backend failing
-_CLIENT_ERROR_TYPES = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
+_CLIENT_ERROR_TYPES: Final = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
 
 
 def response_headers(state: BackendState, ex: Exchange, content_type: str) -> dict[str, str]:

@@ -15,9 +15,9 @@ from backends.base import ClientRequest, Endpoint
 from .. import json_codec
 from ..errors import InvalidRequest
 
-MAX_N = 128
-MAX_TOKENS = 10_000_000
-STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
+MAX_N: Final = 128
+MAX_TOKENS: Final = 10_000_000
+STREAMING: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
 
 
 @dataclass(slots=True, unsafe_hash=True)

@@ -18,6 +18,8 @@ Delta events are recognised by their `event:` line without parsing JSON; other e
 
 from __future__ import annotations
 
+from typing import Final
+
 from backends.base import ErrorBody
 from backends.openai_compat import parse_usage
 from backends.responses_stream import error_event
@@ -26,13 +28,13 @@ from .. import json_codec
 from ..observability.outcome import Gaps
 from .sse import MAX_EVENT_BYTES, SseFramingError, StreamRelay, StreamStats, normalise_stream_error
 
-_EVENT = b"event:"
-_DATA = b"data:"
-DELTAS = frozenset({
+_EVENT: Final = b"event:"
+_DATA: Final = b"data:"
+DELTAS: Final = frozenset({
     "response.output_text.delta", "response.function_call_arguments.delta", "response.refusal.delta",
     "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
 })
-FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+FINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class ResponsesSseRelay(StreamRelay):

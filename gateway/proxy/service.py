@@ -13,7 +13,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from backends.base import Endpoint
 from backends.capabilities import Feature
@@ -42,8 +42,8 @@ from .routes import RouteState
 from .shadow import Shadows
 from .sink import ResponseSink
 
-_NOT_SAMPLES = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})  # no generation to compare
-_GENERATIONS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
+_NOT_SAMPLES: Final = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})  # no generation to compare
+_GENERATIONS: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
 
 
 def routing_view(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[Mapping[str, Any], Endpoint]:

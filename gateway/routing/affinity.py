@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import random
+from typing import Final
 
 from .base import BackendView, Decision, RouteRequest, Snapshot
 from .hashing import hrw
@@ -46,9 +47,9 @@ from .scoring import (
     walk,
 )
 
-DEFAULT_STICKINESS = 16.0
-DEFAULT_HOLDER_LOAD_FACTOR = 2.0
-DEFAULT_HOLDER_SLACK = 4.0
+DEFAULT_STICKINESS: Final = 16.0
+DEFAULT_HOLDER_LOAD_FACTOR: Final = 2.0
+DEFAULT_HOLDER_SLACK: Final = 4.0
 
 
 class PrefixAffinity(LoadBounded):

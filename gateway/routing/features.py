@@ -19,7 +19,7 @@ import math
 import sys
 from array import array
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from backends.base import Endpoint, TranslationError
 from backends.chat_templates import render
@@ -29,13 +29,13 @@ from .base import CHARS_PER_TOKEN, UNIT_CHARS, RequestFeatures, SlaTarget
 from .hashing import chain_hashes, stable_hash
 from .tokens import TokenPrompt
 
-SLA_TTFT = "x-sla-ttft-ms"
-SLA_TPOT = "x-sla-tpot-ms"
-SLA_STRICT = "x-sla-strict"
-SESSION = "x-session-id"
-PREFIX_KEY = "x-prefix-key"
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
+SLA_TTFT: Final = "x-sla-ttft-ms"
+SLA_TPOT: Final = "x-sla-tpot-ms"
+SLA_STRICT: Final = "x-sla-strict"
+SESSION: Final = "x-session-id"
+PREFIX_KEY: Final = "x-prefix-key"
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off", ""})
 
 
 class BadRoutingHeader(ValueError):

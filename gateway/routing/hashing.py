@@ -19,9 +19,10 @@ import hashlib
 import math
 import zlib
 from functools import lru_cache
+from typing import Final
 
-MASK64 = (1 << 64) - 1
-_TWO64 = float(1 << 64)
+MASK64: Final = (1 << 64) - 1
+_TWO64: Final = float(1 << 64)
 
 
 def mix64(x: int) -> int:

@@ -25,9 +25,11 @@ one request at a time (see `sla.py`). No clock is read here; every duration arri
 
 from __future__ import annotations
 
+from typing import Final
+
 from backends.values import value
 
-ITL_BUCKETS = 9  # running batch: 0-1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128-255, 256+
+ITL_BUCKETS: Final = 9  # running batch: 0-1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128-255, 256+
 
 
 def itl_bucket(running: float) -> int:
@@ -75,7 +77,7 @@ def fill_buckets(observed: list[float | None]) -> tuple[float | None, ...]:
     return tuple(filled)
 
 
-UNKNOWN = LatencyModel()
+UNKNOWN: Final = LatencyModel()
 
 
 class LatencyEstimator:

@@ -3,6 +3,8 @@ serves every route."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from .affinity import PrefixAffinity
 from .base import Policy
 from .cost import Cost
@@ -13,4 +15,4 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (RoundRobin(), LeastLoad(), Pr
 
 # Policies that read the prefix index: where no route uses one, the gateway does not hash prompts or
 # keep the index at all (it would cost every request for nothing).
-PREFIX_POLICIES = frozenset({"prefix_affinity", "sla", "cost"})
+PREFIX_POLICIES: Final = frozenset({"prefix_affinity", "sla", "cost"})

@@ -12,8 +12,9 @@ sessions, avoid the 404).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
 
-CAPACITY = 100_000
+CAPACITY: Final = 100_000
 
 
 class ResponseOwners:

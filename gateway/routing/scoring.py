@@ -11,18 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from .base import UNIT_TOKENS, BackendView, RequestFeatures, Snapshot, stride_for
 from .hashing import hrw
 
-DEFAULT_LOAD_FACTOR = 1.25  # Mirrokni et al.'s bounded-load consistent hashing uses c = 1.25
+DEFAULT_LOAD_FACTOR: Final = 1.25  # Mirrokni et al.'s bounded-load consistent hashing uses c = 1.25
 # The additive slack keeps a hot prefix from spilling on the noise of small in-flight counts (which
 # also differ between gateway replicas, breaking their agreement); measured by bench/routing.py.
-DEFAULT_SLACK = 2.0
+DEFAULT_SLACK: Final = 2.0
 # Costs within ~20% of each other are equal, so the prefix hit and load decide: measured throughput
 # varies by more than 5% from window to window, and a narrower band made the ranking flap.
-COST_TIE = math.log(1.2)
+COST_TIE: Final = math.log(1.2)
 
 
 def load_bound(candidates: Sequence[BackendView], *, load_factor: float, slack: float) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Final
 
 from backends.values import value
 
@@ -39,12 +40,12 @@ from .base import (
 )
 from .scoring import Prediction, argmin, cost_rank, hits_for, predict
 
-MAX_RETRY_AFTER_S = 60.0
-HEADROOM = 0.8
+MAX_RETRY_AFTER_S: Final = 60.0
+HEADROOM: Final = 0.8
 # TTFT observations before a backend's prediction may qualify it for SLA traffic. One sample says
 # little (it may have been taken before a queue built up), and a cold backend's first answers come
 # back within a second or so under load, so a few samples cost little exploration.
-WARM_SAMPLES = 3
+WARM_SAMPLES: Final = 3
 
 
 @value

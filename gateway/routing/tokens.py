@@ -19,9 +19,10 @@ import sys
 import zlib
 from array import array
 from collections.abc import Sequence
+from typing import Final
 
-ROOT_KEY = 0  # the key of the empty prefix: the parent of every first block
-_LOW32 = 0xFFFFFFFF
+ROOT_KEY: Final = 0  # the key of the empty prefix: the parent of every first block
+_LOW32: Final = 0xFFFFFFFF
 
 
 def pack(ids: Sequence[int]) -> bytes:

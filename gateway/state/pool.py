@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from backends.base import Adapter, Load
 
@@ -22,7 +23,7 @@ from ..routing.base import BackendView, Snapshot
 from ..settings import Backend
 from .outliers import KEEP, OutlierRules, Record, Verdict, judge, readmit
 
-STATIC = "static"  # the `source` of a backend from the config's `backends:` list
+STATIC: Final = "static"  # the `source` of a backend from the config's `backends:` list
 
 
 @dataclass(slots=True)

@@ -16,13 +16,14 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from ..observability.outcome import NONE, Outcome
 from ..settings import Backend, Settings
 from .window import Sample, Series
 
 WeightsFn = Callable[[str], Mapping[str, float]]
-UNFILED = frozenset({"tokenize", "detokenize"})
+UNFILED: Final = frozenset({"tokenize", "detokenize"})
 
 
 def runtime_group(runtime: str, embeddings: bool) -> str:

@@ -32,10 +32,10 @@ from ..observability.outcome import GapHistogram, Gaps
 from .peak import Peak
 from .quantiles import Reservoir
 
-FINE_S = 1
-FINE_BUCKETS = 300
-COARSE_S = 60
-COARSE_BUCKETS = 60
+FINE_S: Final = 1
+FINE_BUCKETS: Final = 300
+COARSE_S: Final = 60
+COARSE_BUCKETS: Final = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +47,8 @@ class Caps:
     e2e: int
 
 
-FINE_CAPS = Caps(ttft=32, tpot=32, e2e=32)
-COARSE_CAPS = Caps(ttft=128, tpot=128, e2e=128)
+FINE_CAPS: Final = Caps(ttft=32, tpot=32, e2e=32)
+COARSE_CAPS: Final = Caps(ttft=128, tpot=128, e2e=128)
 
 
 class Bucket:
