@@ -19,8 +19,9 @@ import yaml
 from gateway.discovery import DiscoveryEntry
 from gateway.discovery.kubernetes import KubernetesSource
 from gateway.discovery.kubernetes_auth import Credentials
+from tests.polling import until
 
-from .harness import Follow, Follower, StepSleep, endpoints, until
+from .harness import Follow, Follower, StepSleep, endpoints
 from .kube_stub import KubeStub, endpoint_slice, pod
 
 SOURCE = "sglang-pool"
