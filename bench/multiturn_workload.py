@@ -14,12 +14,11 @@ the gateway's 4-characters estimate alike. The arrival rate is calibrated afterw
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from bench.workload import TimedRequest, words
+from bench.workload import TimedRequest, shared_texts, words
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +41,7 @@ def generate(spec: MultiTurnSpec) -> list[TimedRequest]:
     """The requests at rate 1 (simulated request/s); `calibrate` scales the arrival times."""
     rng = random.Random(spec.seed)
     text = random.Random(spec.seed * 7919 + 3)
-    systems = [f"You are the assistant of tenant {t}." + words(text, text.randint(*spec.system_tokens))
-               for t in range(spec.tenants)]
-    docs = [f"Document {d}." + words(text, text.randint(*spec.doc_tokens)) for d in range(spec.docs)]
-    doc_weights = list(itertools.accumulate(1.0 / (d + 1) for d in range(spec.docs)))
+    systems, docs, doc_weights = shared_texts(text, spec.tenants, spec.system_tokens, spec.docs, spec.doc_tokens)
     sessions: list[tuple[str, int, list[dict[str, str]], int] | None] = [None] * spec.active_sessions
     made = 0
     t = 0.0

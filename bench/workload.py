@@ -84,6 +84,16 @@ def words(rng: random.Random, tokens: int) -> str:
     return "".join(" " + "".join(rng.choices(letters, k=3)) for _ in range(tokens))
 
 
+def shared_texts(text: random.Random, tenants: int, system_tokens: tuple[int, int], docs: int,
+                 doc_tokens: tuple[int, int]) -> tuple[list[str], list[str], list[float]]:
+    """What many requests share, drawn from `text` in this order: each tenant's system prompt, the
+    documents, and the documents' cumulative Zipf weights (document d weighs 1/(d+1))."""
+    systems = [f"You are the assistant of tenant {t}." + words(text, text.randint(*system_tokens))
+               for t in range(tenants)]
+    documents = [f"Document {d}." + words(text, text.randint(*doc_tokens)) for d in range(docs)]
+    return systems, documents, list(itertools.accumulate(1.0 / (d + 1) for d in range(docs)))
+
+
 @dataclass(slots=True)
 class _Session:
     sid: str
@@ -106,10 +116,7 @@ def generate(spec: WorkloadSpec) -> list[TimedRequest]:
     """The timed requests of `spec`, sorted by arrival time. Pure and seeded."""
     rng = random.Random(spec.seed)
     text_rng = random.Random(spec.seed * 7919 + 1)
-    systems = [f"You are the assistant of tenant {t}." + words(text_rng, text_rng.randint(*spec.system_tokens))
-               for t in range(spec.tenants)]
-    docs = [f"Document {d}." + words(text_rng, text_rng.randint(*spec.doc_tokens)) for d in range(spec.docs)]
-    doc_weights = list(itertools.accumulate(1.0 / (d + 1) for d in range(spec.docs)))
+    systems, docs, doc_weights = shared_texts(text_rng, spec.tenants, spec.system_tokens, spec.docs, spec.doc_tokens)
     sessions: list[_Session | None] = [None] * spec.active_sessions
     next_sid = 0
     out: list[TimedRequest] = []

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from backends.emulator import embeddings as E
 from backends.emulator import tokenizer
 from backends.emulator.context import FaceContext, Generation, Token, abort_transport, tokenize_prompt
 from backends.emulator.structured import TEXT, OutputShape, chat_shape
@@ -171,10 +172,12 @@ async def stream_tokens(
         gen.abort()
 
 
-async def run_pooling(ctx: FaceContext, request: web.Request, prompts: list[list[int]]) -> None:
+async def run_pooling(ctx: FaceContext, request: web.Request, prompts: list[list[int]], *, dim: int,
+                      encoding_format: str) -> E.Vectors | None:
     """An embeddings request: every input is one engine request (a prefill and one pooled output),
     run concurrently through the same scheduler as generation, so queueing, the prefix cache and
-    timing apply. Raises `Died` for the mid-stream faults; aborts what is left on any exit."""
+    timing apply. Returns each input's `dim`-vector in `encoding_format`, or None when a mid-stream
+    fault fired (`Died`: the faces answer a bare 500); aborts what is left on any exit."""
     gens = [ctx.start(p, ctx.plans(1, max_tokens=1)) for p in prompts]
 
     async def drain(gen: Generation) -> None:
@@ -183,9 +186,12 @@ async def run_pooling(ctx: FaceContext, request: web.Request, prompts: list[list
 
     try:
         await asyncio.gather(*(drain(g) for g in gens))
+    except Died:
+        return None
     finally:
         for g in gens:
             g.abort()
+    return [E.encode(E.vector(p, dim), encoding_format) for p in prompts]
 
 
 @web.middleware

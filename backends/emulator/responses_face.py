@@ -318,3 +318,22 @@ async def delete(request: web.Request, hooks: ResponsesHooks) -> web.Response:
         assert isinstance(err, web.Response)
         return err
     return json_response({"id": rid, "object": "response", "deleted": True})
+
+
+class Endpoints:
+    """The Responses handlers bound to one runtime's hooks, for `app.router` (each face registers
+    the ones its runtime serves)."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: ResponsesHooks) -> None:
+        self.hooks = hooks
+
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        return await create(request, self.hooks)
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        return await retrieve(request, self.hooks)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        return await delete(request, self.hooks)

@@ -22,7 +22,7 @@ from backends.emulator import embeddings as E
 from backends.emulator import responses_face as RF
 from backends.emulator import tokenizer
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
-from backends.emulator.openai_common import BodyError, Died, json_response, parse_body, run_pooling
+from backends.emulator.openai_common import BodyError, json_response, parse_body, run_pooling
 from backends.emulator.responses_api import ResponsesCall
 from backends.emulator.responses_render import Dialect
 from backends.emulator.sglang_common import METRICS_KEY, Reject, admit
@@ -92,12 +92,10 @@ async def embeddings(request: web.Request) -> web.Response:
         admit(ctx)
     except Reject as rej:
         return json_response(rej.body(), rej.status)
-    try:
-        await run_pooling(ctx, request, prompts)
-    except Died:
+    data = await run_pooling(ctx, request, prompts, dim=ctx.config.embedding_dim,
+                             encoding_format=str(body.get("encoding_format") or "float"))
+    if data is None:
         return web.Response(status=500)
-    fmt = str(body.get("encoding_format") or "float")
-    data = [E.encode(E.vector(p, ctx.config.embedding_dim), fmt) for p in prompts]
     return json_response(E.sglang_body(model, data, sum(len(p) for p in prompts)))
 
 
@@ -147,17 +145,10 @@ async def detokenize(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    hooks = responses_hooks(app)
-
-    async def create(request: web.Request) -> web.StreamResponse:
-        return await RF.create(request, hooks)
-
-    async def retrieve(request: web.Request) -> web.Response:
-        return await RF.retrieve(request, hooks)
-
+    responses = RF.Endpoints(responses_hooks(app))
     if app[CONTEXT_KEY].config.embedding_dim is None:
-        app.router.add_post("/v1/responses", create)
-        app.router.add_get("/v1/responses/{response_id}", retrieve)
+        app.router.add_post("/v1/responses", responses.create)
+        app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
     app.router.add_post("/v1/embeddings", embeddings)
     for prefix in ("/v1", ""):
         app.router.add_post(prefix + "/tokenize", tokenize)

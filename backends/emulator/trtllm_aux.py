@@ -20,7 +20,7 @@ from aiohttp import web
 from backends.emulator import embeddings as E
 from backends.emulator import responses_face as RF
 from backends.emulator.context import CONTEXT_KEY, FaceContext
-from backends.emulator.openai_common import BodyError, Died, json_response, parse_body, run_pooling
+from backends.emulator.openai_common import BodyError, json_response, parse_body, run_pooling
 from backends.emulator.responses_api import ResponsesCall
 from backends.emulator.responses_render import Dialect
 from backends.emulator.trtllm_common import Reject, admit, flat, pydantic
@@ -97,30 +97,18 @@ async def embeddings(request: web.Request) -> web.Response:
         admit(ctx)
     except Reject as rej:
         return _json(rej)
-    try:
-        await run_pooling(ctx, request, prompts)
-    except Died:
+    data = await run_pooling(ctx, request, prompts, dim=ctx.config.embedding_dim or 1,
+                             encoding_format=str(body.get("encoding_format") or "float"))
+    if data is None:
         return web.Response(status=500)
-    fmt = str(body.get("encoding_format") or "float")
-    data = [E.encode(E.vector(p, ctx.config.embedding_dim or 1), fmt) for p in prompts]
     return json_response(E.trtllm_body(f"embd-{ctx.hex_id(32)}", int(time.time()), str(body["model"]), data,
                                        sum(len(p) for p in prompts)))
 
 
 def add_routes(app: web.Application) -> None:
     """Routes beyond chat/completions for the LLM role (the embedding role registers `embeddings`)."""
-    hooks = responses_hooks()
-
-    async def create(request: web.Request) -> web.StreamResponse:
-        return await RF.create(request, hooks)
-
-    async def retrieve(request: web.Request) -> web.Response:
-        return await RF.retrieve(request, hooks)
-
-    async def delete(request: web.Request) -> web.Response:
-        return await RF.delete(request, hooks)
-
-    app.router.add_post("/v1/responses", create)
-    app.router.add_get("/v1/responses/{response_id}", retrieve)
-    app.router.add_delete("/v1/responses/{response_id}", delete)
+    responses = RF.Endpoints(responses_hooks())
+    app.router.add_post("/v1/responses", responses.create)
+    app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", responses.delete)
     app.router.add_post("/kv_cache_events", kv_cache_events)

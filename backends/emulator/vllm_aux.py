@@ -19,7 +19,7 @@ from backends.emulator import responses_face as RF
 from backends.emulator import tokenizer
 from backends.emulator import vllm_render as R
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, tokenize_prompt
-from backends.emulator.openai_common import BodyError, Died, json_response, parse_body, run_pooling
+from backends.emulator.openai_common import BodyError, json_response, parse_body, run_pooling
 from backends.emulator.responses_api import ResponsesCall
 from backends.emulator.responses_render import Dialect
 from backends.emulator.vllm_common import METRICS_KEY, Reject, admit, json_content_type_error, prompt_too_long
@@ -82,20 +82,17 @@ def responses_hooks(app: web.Application) -> RF.ResponsesHooks:
 
 
 def add_responses_routes(app: web.Application) -> None:
-    hooks = responses_hooks(app)
+    responses = RF.Endpoints(responses_hooks(app))
 
     async def create(request: web.Request) -> web.StreamResponse:
         wrong_type = json_content_type_error(request)
         if wrong_type is not None:
             return json_response(wrong_type.body, wrong_type.status)
-        return await RF.create(request, hooks)
-
-    async def retrieve(request: web.Request) -> web.Response:
-        return await RF.retrieve(request, hooks)
+        return await responses.create(request)
 
     app.router.add_post("/v1/responses", create)
-    app.router.add_get("/v1/responses/{response_id}", retrieve)
-    app.router.add_post("/v1/responses/{response_id}/cancel", retrieve)
+    app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
+    app.router.add_post("/v1/responses/{response_id}/cancel", responses.retrieve)
 
 
 # --- embeddings (an emulator started as a pooling model) -------------------------------------------
@@ -139,13 +136,10 @@ async def embeddings(request: web.Request) -> web.Response:
         admit(ctx, request.app[METRICS_KEY])
     except Reject as rej:
         return json_response(rej.body, rej.status)
-    try:
-        await run_pooling(ctx, request, prompts)
-    except Died:
+    data = await run_pooling(ctx, request, prompts, dim=ctx.config.embedding_dim or 1,
+                             encoding_format=str(body.get("encoding_format") or "float"))
+    if data is None:
         return web.Response(status=500)
-    fmt = str(body.get("encoding_format") or "float")
-    dim = ctx.config.embedding_dim or 1
-    data = [E.encode(E.vector(p, dim), fmt) for p in prompts]
     return json_response(E.vllm_body(f"embd-{ctx.hex_id(16)}", int(time.time()), ctx.model, data,
                                      sum(len(p) for p in prompts)))
 

@@ -8,6 +8,6 @@ windows), `link` (a worker's side of the same channel), `supervisor` (starts, re
 workers), `coordinator` (what a process's admin endpoints call: its own state, or the hub's),
 `overrides` and `fleet` (live weights and window data shared through the store).
 
-May import every room below it (state, access, stats, observability, admin, kvcache); only `app` and
+May import every room below it (state, access, stats, observability, admin, kvcache) and `tasks`; only `app` and
 `process` import it.
 """

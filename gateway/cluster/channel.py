@@ -116,10 +116,7 @@ class Channel:
         try:
             result = handler(body)
         except Exception as exc:
-            if kind == REQUEST:
-                self._answer(call_id, FAILURE, f"{type(exc).__name__}: {exc}")
-            else:
-                log.exception("%s: notification %s failed", self.name, method)
+            self._failed(kind, call_id, method, exc)
             return
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(self._finish(kind, call_id, method, result))
@@ -134,13 +131,18 @@ class Channel:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if kind == REQUEST:
-                self._answer(call_id, FAILURE, f"{type(exc).__name__}: {exc}")
-            else:
-                log.exception("%s: notification %s failed", self.name, method)
+            self._failed(kind, call_id, method, exc)
             return
         if kind == REQUEST:
             self._answer(call_id, REPLY, value)
+
+    def _failed(self, kind: int, call_id: int, method: str, exc: Exception) -> None:
+        """A handler raised: a request is answered with the error, a notification's is logged
+        (called from inside the `except`, so the log carries the traceback)."""
+        if kind == REQUEST:
+            self._answer(call_id, FAILURE, f"{type(exc).__name__}: {exc}")
+        else:
+            log.exception("%s: notification %s failed", self.name, method)
 
     def _answer(self, call_id: int, kind: int, body: Any) -> None:
         with contextlib.suppress(ChannelClosed, ConnectionError, RuntimeError):

@@ -55,6 +55,7 @@ from ..state.reload import Reloaded, ReloadRejected, restart_required
 from ..state.store import Store, StoreDown
 from ..stats import Comparer
 from ..stats.export import Export, export_book, merge
+from ..tasks import cancel_all
 from .channel import Channel, Handler
 from .clock import gateway_clock
 from .fleet import FleetStats, replica_row
@@ -159,11 +160,7 @@ class Hub:
                        loop.create_task(self._baseline_scrapes(), name="hub-scrapes")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         if self._server is not None:
             self._server.close()
         for conn in list(self.workers.values()):

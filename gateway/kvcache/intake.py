@@ -18,7 +18,6 @@ config generation; the caches of kept backends carry on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,6 +31,7 @@ import zmq
 import zmq.asyncio
 
 from ..settings import Backend, KvEvents
+from ..tasks import cancel_all
 from .cache import BackendCache
 from .events import Batch, KvDecodeError, decode_frames, decode_payload, decode_seq, decode_trtllm
 from .registry import KvCaches
@@ -351,11 +351,7 @@ class KvIntake:
         tasks = [r.task for r in self._running.values()]
         if self._ticker is not None:
             tasks.append(self._ticker)
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(tasks)
         self._running.clear()
         self._ticker = None
         if self._ctx is not None:

@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from ..settings import Backend
+from ..tasks import cancel_all
 from .intake import TrtllmIntake, rank_endpoint, relay_endpoint, relayed
 
 log = logging.getLogger(__name__)
@@ -154,12 +155,7 @@ class KvRelay:
         return sorted(self._running)
 
     async def close(self) -> None:
-        tasks = [t for _, _, t in self._running.values()]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(t for _, _, t in self._running.values())
         self._running.clear()
         if self._ctx is not None:
             self._ctx.term()

@@ -24,15 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.discovery import Change, DiscoveryMetrics, Endpoint, Source, changes
-
-
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    """Poll `condition` until it holds; fail after `within_s` seconds."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+from tests.polling import until
 
 
 class StepSleep:

@@ -19,8 +19,9 @@ import yaml
 from gateway.discovery import DiscoveryEntry
 from gateway.discovery.kubernetes import KubernetesSource
 from gateway.discovery.kubernetes_auth import Credentials
+from tests.polling import until
 
-from .harness import Follow, Follower, StepSleep, endpoints, until
+from .harness import Follow, Follower, StepSleep, endpoints
 from .kube_stub import KubeStub, endpoint_slice, pod
 
 SOURCE = "sglang-pool"
@@ -61,6 +62,19 @@ async def pods_source(stub: KubeStub, tmp_path: Path, follow: Follow) -> tuple[F
     config = entry(label_selector="app=sglang", port=PORT, kubeconfig=str(kubeconfig(tmp_path / "kc", stub)),
                    context="stub")
     return follow(config)
+
+
+async def watching(kube_stub: StubFactory, follow: Follow, tmp_path: Path,
+                   *addresses: str) -> tuple[KubeStub, Follower, StepSleep]:
+    """A pods source over ready pods a, b, c ... at `addresses`: its first set is all of them, and
+    its watch is open."""
+    stub = kube_stub("pods")
+    for n, address in enumerate(addresses):
+        stub.add(pod(chr(ord("a") + n), address))
+    follower, sleep = await pods_source(stub, tmp_path, follow)
+    assert await follower.changed(1) == endpoints(PORT, *addresses)
+    await until(lambda: stub.open_watches == 1)
+    return stub, follower, sleep
 
 
 async def test_pods_are_listed_then_watched_and_follow_readiness(
@@ -111,12 +125,7 @@ async def test_pods_are_listed_then_watched_and_follow_readiness(
 async def test_410_as_an_error_event_relists_at_once_and_the_relist_closes_the_gap(
     kube_stub: StubFactory, follow: Follow, tmp_path: Path,
 ) -> None:
-    stub = kube_stub("pods")
-    stub.add(pod("a", "127.0.0.2"))
-    stub.add(pod("b", "127.0.0.3"))
-    follower, sleep = await pods_source(stub, tmp_path, follow)
-    assert await follower.changed(1) == endpoints(PORT, "127.0.0.2", "127.0.0.3")
-    await until(lambda: stub.open_watches == 1)
+    stub, follower, sleep = await watching(kube_stub, follow, tmp_path, "127.0.0.2", "127.0.0.3")
 
     stub.delete("a", notify=False)  # a change this watcher never hears of...
     stub.add(pod("c", "127.0.0.4"), notify=False)
@@ -146,13 +155,7 @@ async def test_410_again_and_again_backs_off(kube_stub: StubFactory, follow: Fol
 async def test_a_dropped_watch_resumes_from_the_last_version_and_http_410_relists(
     kube_stub: StubFactory, follow: Follow, tmp_path: Path,
 ) -> None:
-    stub = kube_stub("pods")
-    stub.add(pod("a", "127.0.0.2"))
-    stub.add(pod("b", "127.0.0.3"))
-    stub.add(pod("c", "127.0.0.4"))
-    follower, sleep = await pods_source(stub, tmp_path, follow)
-    assert await follower.changed(1) == endpoints(PORT, "127.0.0.2", "127.0.0.3", "127.0.0.4")
-    await until(lambda: stub.open_watches == 1)
+    stub, follower, sleep = await watching(kube_stub, follow, tmp_path, "127.0.0.2", "127.0.0.3", "127.0.0.4")
     stub.modify(pod("c", "127.0.0.4", ready=False))
     assert await follower.changed(2) == endpoints(PORT, "127.0.0.2", "127.0.0.3")
 
@@ -218,11 +221,7 @@ async def test_a_watch_that_ends_at_once_without_events_backs_off(
     kube_stub: StubFactory, follow: Follow, tmp_path: Path,
 ) -> None:
     """A server (or a proxy) that closes every watch at once would otherwise be hammered."""
-    stub = kube_stub("pods")
-    stub.add(pod("a", "127.0.0.2"))
-    follower, sleep = await pods_source(stub, tmp_path, follow)
-    assert await follower.changed(1) == endpoints(PORT, "127.0.0.2")
-    await until(lambda: stub.open_watches == 1)
+    stub, follower, sleep = await watching(kube_stub, follow, tmp_path, "127.0.0.2")
     stub.end()
     await sleep.asleep(1)
     assert total(follower, "errors_total") == 1

@@ -25,8 +25,7 @@ from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emu
 from gateway.app import Built, build
 from gateway.discovery import DiscoveryEntry, Endpoint, Failed, Observation, Resolved, Source
 from gateway.settings import load_settings
-
-from .harness import until
+from tests.polling import until
 
 # gateway/http/handlers.py keeps the request id under a str key (`request["request_id"]`), which this
 # aiohttp warns about; in-process, the warnings filter would make that an error in every handler.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -15,11 +17,13 @@ from backends.emulator.cli import build_parser, config_from_args
 from backends.emulator.fleet import DEMO_FLEET, start_fleet
 
 
-@pytest.mark.parametrize("runtime", ["vllm", "triton"])
-async def test_cli_runs_until_sigterm(runtime: str) -> None:
+@contextlib.asynccontextmanager
+async def cli(runtime: str, *flags: str) -> AsyncIterator[tuple[str, str]]:
+    """`python -m backends.emulator.cli` in its own process: (its ready line, its URL); on exit it
+    gets SIGTERM and must exit 0."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "backends.emulator.cli", "--runtime", runtime, "--port", "0", "--model", "m",
-        "--profile", "tiny", "--speed", "50", "--fail-first", "1",
+        "--profile", "tiny", "--speed", "50", *flags,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -27,15 +31,20 @@ async def test_cli_runs_until_sigterm(runtime: str) -> None:
         line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
         m = re.search(r"ready at (http://\S+)", line)
         assert m, line
-        url = m.group(1)
+        yield line, m.group(1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "triton"])
+async def test_cli_runs_until_sigterm(runtime: str) -> None:
+    async with cli(runtime, "--fail-first", "1") as (line, url):
         health = "/v2/health/ready" if runtime == "triton" else "/health"
         async with aiohttp.ClientSession() as s, s.get(url + health) as r:
             assert r.status == 200
         if runtime == "triton":
             assert "metrics=http://" in line
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
 
 
 def test_cli_flags_map_to_the_config() -> None:
@@ -95,28 +104,16 @@ async def test_cli_publishes_kv_events_to_a_bound_subscriber() -> None:
 
     async with Subscriber(b"kv", replay_endpoint=f"tcp://127.0.0.1:{free_port()}") as sub:
         assert sub.replay_endpoint is not None
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "backends.emulator.cli", "--runtime", "vllm", "--port", "0", "--model", "m",
-            "--profile", "tiny", "--speed", "50", "--kv-events", sub.endpoint, "--kv-events-topic", "kv",
-            "--kv-events-replay", sub.replay_endpoint,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            assert proc.stdout is not None
-            line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
-            m = re.search(r"ready at (http://\S+)", line)
-            assert m, line
+        async with cli("vllm", "--kv-events", sub.endpoint, "--kv-events-topic", "kv",
+                       "--kv-events-replay", sub.replay_endpoint) as (line, url):
             assert f"kv_events={sub.endpoint}" in line
             await sub.connected()
             body = {"model": "m", "max_tokens": 2,
                     "messages": [{"role": "user", "content": "A prompt long enough to fill a block. " * 4}]}
-            async with aiohttp.ClientSession() as s, s.post(m.group(1) + "/v1/chat/completions", json=body) as r:
+            async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 200
             (batch,) = await sub.receive_until(1)
             assert batch.topic == b"kv"
             assert batch.seq == 0
             assert batch.events[0].kind == "BlockStored"
             assert batch.events[0].parent is None
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 20) == 0

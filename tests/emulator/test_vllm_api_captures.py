@@ -15,7 +15,7 @@ from backends.emulator import KvEventsConfig
 from tests.data import EMULATOR_CAPTURES as OWN_CAPTURES
 from tests.emulator.conftest import MakeEmulator
 from tests.emulator.kv_harness import Subscriber
-from tests.emulator.test_vllm_captures import load, replay, shape
+from tests.emulator.test_vllm_captures import check_head, check_json, load, replay, shape
 
 DIR = OWN_CAPTURES / "vllm-0.32.0-cpu"
 EXACT = {
@@ -66,15 +66,7 @@ async def test_replay_matches_capture(emulator: MakeEmulator, name: str) -> None
     else:
         emu = await emulator("vllm", embedding_dim=embedding_dim(name))
         status, ctype, body = await replay(emu, cap)
-    assert status == cap.status, body
-    want_ctype = cap.resp_headers.get("content-type")
-    if want_ctype is not None:
-        assert ctype == want_ctype
-    if want_ctype == "text/event-stream; charset=utf-8":
+    if check_head(cap, status, ctype, body) == "text/event-stream; charset=utf-8":
         assert sse_shapes(body) == sse_shapes(cap.resp_body)
         return
-    got, want = orjson.loads(body), orjson.loads(cap.resp_body)
-    if name in EXACT:
-        assert got == want
-    else:
-        assert shape(got) == shape(want)
+    check_json(cap, body, exact=name in EXACT)

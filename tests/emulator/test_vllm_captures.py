@@ -95,6 +95,25 @@ async def replay(emu: RunningEmulator, cap: Capture) -> tuple[int, str, bytes]:
         return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
 
 
+def check_head(cap: Capture, status: int, ctype: str, body: bytes) -> str | None:
+    """The status and content type are the capture's; returns the captured content type."""
+    assert status == cap.status, body
+    want_ctype = cap.resp_headers.get("content-type")
+    if want_ctype is not None:
+        assert ctype == want_ctype
+    return want_ctype
+
+
+def check_json(cap: Capture, body: bytes, *, exact: bool) -> Any:
+    """The JSON body equals the capture's (`exact`) or has its shape; returns it parsed."""
+    got, want = orjson.loads(body), orjson.loads(cap.resp_body)
+    if exact:
+        assert got == want
+    else:
+        assert shape(got) == shape(want)
+    return got
+
+
 @pytest.mark.parametrize("name", names())
 async def test_replay_matches_capture(emulator: MakeEmulator, name: str) -> None:
     emu = await emulator("vllm", model="tiny-moe", max_model_len=2048)
@@ -102,10 +121,7 @@ async def test_replay_matches_capture(emulator: MakeEmulator, name: str) -> None
     if name == "chat_long_prefix_second_cached":
         await replay(emu, load("chat_long_prefix_first"))
     status, ctype, body = await replay(emu, cap)
-    assert status == cap.status, body
-    want_ctype = cap.resp_headers.get("content-type")
-    if want_ctype is not None:
-        assert ctype == want_ctype
+    want_ctype = check_head(cap, status, ctype, body)
     if not cap.resp_body.strip():
         assert body == b""
         return
@@ -119,11 +135,7 @@ async def test_replay_matches_capture(emulator: MakeEmulator, name: str) -> None
 
         assert shapes(got_events) == shapes(want_events)
         return
-    got, want = orjson.loads(body), orjson.loads(cap.resp_body)
-    if name in EXACT:
-        assert got == want
-    else:
-        assert shape(got) == shape(want)
+    got = check_json(cap, body, exact=name in EXACT)
     if name == "chat_long_prefix_second_cached":
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 

@@ -6,21 +6,10 @@ from typing import Any
 
 import pytest
 
-from .harness import Emulators, GatewayProcess, LoopThread
+from .fixtures import emulators, loop_thread
+from .harness import GatewayProcess
 
-
-@pytest.fixture(scope="session")
-def loop_thread() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
-def emulators(loop_thread: LoopThread) -> Iterator[Emulators]:
-    emus = Emulators(loop_thread)
-    yield emus
-    emus.stop_all()
+__all__ = ["emulators", "loop_thread"]
 
 
 @pytest.fixture

@@ -148,17 +148,23 @@ class GatewayProcess:
     def stop(self) -> int:
         for c in self._clients:
             c.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc, grace_s=10)
         self._log.close()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         return self.proc.returncode
+
+
+def stop_group(proc: subprocess.Popen[Any], *, grace_s: float) -> None:
+    """Stop a child started with `start_new_session=True`, by its process group: SIGTERM, then
+    SIGKILL when it is still running after `grace_s`; the leader is reaped either way."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
 
 
 def eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -21,6 +20,7 @@ import zmq.asyncio
 
 from gateway.kvcache import KvCaches, KvIntake
 from gateway.settings import Backend
+from tests.polling import until
 
 BS = 16
 
@@ -66,13 +66,6 @@ class Publisher:
         self.seq += 1
 
 
-async def until(ok: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll `ok` until it holds, within a deadline on the monotonic clock."""
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -146,7 +139,7 @@ async def test_reconcile_follows_the_config(intake: tuple[KvIntake, KvCaches]) -
             return False
         return True
 
-    await until(port_free, timeout_s=2.0)  # else the intake's socket still holds its port
+    await until(port_free, within_s=2.0)  # else the intake's socket still holds its port
 
 
 async def test_a_port_already_bound_is_logged_and_routing_falls_back(intake: tuple[KvIntake, KvCaches],

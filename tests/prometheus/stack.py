@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import openai
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.integration.harness import ROOT, Emulators, backend_entry
+from tests.integration.harness import ROOT, Emulators, backend_entry, stop_group
 
 # Two workers: every scrape lands on one of them and must still report the whole gateway (the
 # supervisor merges both workers' families), so every assertion of the tier holds for the gateway.
@@ -57,13 +56,7 @@ class ServedGateway:
         self.address = self.url.removeprefix("http://")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc, grace_s=15)
         self._log.close()
         if self.proc.stdout is not None:
             self.proc.stdout.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -21,6 +20,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import yaml
+
+from tests.integration.harness import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -129,13 +130,7 @@ class Prometheus:
 
     def stop(self) -> None:
         self._http.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc, grace_s=15)
         self._log.close()
 
 

@@ -9,23 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Emulators, GatewayProcess, LoopThread
+from tests.integration.fixtures import emulators, loop_thread
+from tests.integration.harness import GatewayProcess
 
 from .redis_server import RedisServer, available
 
-
-@pytest.fixture(scope="module")
-def loop_thread() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
-def emulators(loop_thread: LoopThread) -> Iterator[Emulators]:
-    emus = Emulators(loop_thread)
-    yield emus
-    emus.stop_all()
+__all__ = ["emulators", "loop_thread"]
 
 
 @pytest.fixture

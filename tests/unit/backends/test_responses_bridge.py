@@ -20,6 +20,7 @@ from backends.responses_stream import ChatToResponsesStream
 from backends.triton import TritonAdapter
 from backends.vllm import VLLMAdapter
 from tests.data import EMULATOR_CAPTURES, VLLM_CAPTURES
+from tests.unit.backends.streams import fed
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 FUNCTION = {"type": "function", "name": "get_weather", "description": "Weather",
@@ -116,13 +117,7 @@ def test_a_chat_answer_becomes_a_response_the_sdk_reads() -> None:
 
 
 def _translate(data: bytes, cuts: list[int], body: dict[str, Any]) -> bytes:
-    t = ChatToResponsesStream(None, body, model="moe", request_id="rid", created=5)
-    out = bytearray()
-    prev = 0
-    for cut in [*cuts, len(data)]:
-        out += t.feed(data[prev:cut])
-        prev = cut
-    return bytes(out + t.close())
+    return fed(ChatToResponsesStream(None, body, model="moe", request_id="rid", created=5), data, cuts)
 
 
 @pytest.mark.parametrize("capture", [VLLM_CAPTURES / "chat_stream_usage.txt",

@@ -9,6 +9,7 @@ import pytest
 from backends.base import ClientRequest, Endpoint
 from backends.triton import TritonAdapter
 from backends.triton_stream import TritonStreamTranslator
+from tests.unit.backends.streams import fed
 
 CHAT = ClientRequest(
     endpoint=Endpoint.CHAT,
@@ -39,13 +40,7 @@ def _translator(req: ClientRequest = CHAT) -> TritonStreamTranslator:
 
 
 def _run(data: bytes, cuts: list[int], req: ClientRequest = CHAT) -> bytes:
-    t = _translator(req)
-    out = bytearray()
-    start = 0
-    for cut in [*cuts, len(data)]:
-        out += t.feed(data[start:cut])
-        start = cut
-    return bytes(out + t.close())
+    return fed(_translator(req), data, cuts)
 
 
 def _events(out: bytes) -> list[Any]:

@@ -37,6 +37,11 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Channel, Channel]]:
         t.cancel()
 
 
+async def hang(body: Any) -> None:
+    """A handler that never answers."""
+    await asyncio.Event().wait()
+
+
 async def test_calls_go_both_ways_with_plain_and_async_handlers(pair: tuple[Channel, Channel]) -> None:
     hub, worker = pair
     hub.handle("admit", lambda body: None if body[1] > 0 else [3, "requests"])
@@ -87,11 +92,6 @@ async def test_a_failing_or_unknown_handler_fails_the_call_not_the_channel(pair:
 
 async def test_pending_calls_fail_when_the_other_end_goes(pair: tuple[Channel, Channel]) -> None:
     hub, worker = pair
-    never = asyncio.Event()
-
-    async def hang(body: Any) -> None:
-        await never.wait()
-
     hub.handle("hang", hang)
     call = asyncio.create_task(worker.call("hang", timeout_s=30))
     await hub.close()  # the supervisor is gone
@@ -105,11 +105,6 @@ async def test_pending_calls_fail_when_the_other_end_goes(pair: tuple[Channel, C
 
 async def test_a_call_times_out(pair: tuple[Channel, Channel]) -> None:
     hub, worker = pair
-    never = asyncio.Event()
-
-    async def hang(body: Any) -> None:
-        await never.wait()
-
     hub.handle("hang", hang)
     with pytest.raises(TimeoutError):
         await worker.call("hang", timeout_s=0.05)

@@ -61,15 +61,36 @@ def page(merger: ScrapeMerger) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
             for f in text_string_to_metric_families(body.decode()) for s in f.samples}
 
 
-def test_counters_and_histograms_are_summed_over_workers() -> None:
-    a, b = Worker(), Worker()
-    a.serve(3)
-    b.serve(5)
+REQUESTS_A = ("gateway_requests_total", (("backend", "a"), ("status", "200")))
+
+
+def merged(*registries: CollectorRegistry) -> ScrapeMerger:
+    """A merger that has one scrape of each registry, as workers w0, w1, ..."""
     merger = ScrapeMerger()
-    merger.update("w0", dump(a.registry))
-    merger.update("w1", dump(b.registry))
-    got = page(merger)
-    assert got[("gateway_requests_total", (("backend", "a"), ("status", "200")))] == 8
+    for i, registry in enumerate(registries):
+        merger.update(f"w{i}", dump(registry))
+    return merger
+
+
+def serving(*requests: int) -> list[CollectorRegistry]:
+    """The registries of workers that have served `requests[i]` requests each."""
+    workers = [Worker() for _ in requests]
+    for worker, n in zip(workers, requests, strict=True):
+        worker.serve(n)
+    return [w.registry for w in workers]
+
+
+def gauges(values: dict[str, dict[tuple[str, ...], float]], labels: tuple[str, ...] = ("backend",),
+           ) -> CollectorRegistry:
+    """A worker's registry holding only these gauge families."""
+    registry = CollectorRegistry()
+    registry.register(Gauges(values, labels))
+    return registry
+
+
+def test_counters_and_histograms_are_summed_over_workers() -> None:
+    got = page(merged(*serving(3, 5)))
+    assert got[REQUESTS_A] == 8
     assert got[("gateway_time_to_first_token_seconds_count", (("backend", "a"),))] == 8
     assert got[("gateway_time_to_first_token_seconds_bucket", (("backend", "a"), ("le", "0.1")))] == 1 + 2
     assert got[("gateway_key_requests_total", (("key", "team"),))] == 8
@@ -78,24 +99,17 @@ def test_counters_and_histograms_are_summed_over_workers() -> None:
 
 
 def test_a_dead_workers_counts_stay_in_the_sums_so_nothing_goes_backwards() -> None:
-    a, b = Worker(), Worker()
-    a.serve(10)
-    b.serve(4)
-    merger = ScrapeMerger()
-    merger.update("w0", dump(a.registry))
-    merger.update("w1", dump(b.registry))
-    before = page(merger)[("gateway_requests_total", (("backend", "a"), ("status", "200")))]
+    merger = merged(*serving(10, 4))
+    before = page(merger)[REQUESTS_A]
     merger.retire("w0")  # worker 0 crashed; its replacement starts from zero
-    fresh = Worker()
-    fresh.serve(1)
-    merger.update("w0-restarted", dump(fresh.registry))
+    merger.update("w0-restarted", dump(serving(1)[0]))
     after = page(merger)
     assert before == 14
-    assert after[("gateway_requests_total", (("backend", "a"), ("status", "200")))] == 15
+    assert after[REQUESTS_A] == 15
     assert after[("gateway_time_to_first_token_seconds_count", (("backend", "a"),))] == 15
     merger.retire("w1")
     merger.retire("w0-restarted")  # with nobody left, the page still shows what was counted
-    assert page(merger)[("gateway_requests_total", (("backend", "a"), ("status", "200")))] == 15
+    assert page(merger)[REQUESTS_A] == 15
 
 
 @pytest.mark.parametrize(("family", "values", "expected"), [
@@ -107,39 +121,24 @@ def test_a_dead_workers_counts_stay_in_the_sums_so_nothing_goes_backwards() -> N
     ("gateway_backend_cost_per_million_tokens_usd", [20.0, 30.0], 12.0),  # 1/(1/20 + 1/30)
 ])
 def test_gauges_merge_by_what_they_mean(family: str, values: list[float], expected: float) -> None:
-    merger = ScrapeMerger()
-    for i, v in enumerate(values):
-        registry = CollectorRegistry()
-        registry.register(Gauges({family: {("a",): v}}))
-        merger.update(f"w{i}", dump(registry))
+    merger = merged(*(gauges({family: {("a",): v}}) for v in values))
     assert page(merger)[(family, (("backend", "a"),))] == pytest.approx(expected)
 
 
 def test_the_descriptor_pair_is_the_worker_nearest_its_limit() -> None:
-    merger = ScrapeMerger()
-    for i, (opened, limit) in enumerate([(100.0, 1024.0), (900.0, 1000.0), (10.0, 65536.0)]):
-        registry = CollectorRegistry()
-        registry.register(Gauges({"process_open_fds": {(): opened}, "process_max_fds": {(): limit}}, labels=()))
-        merger.update(f"w{i}", dump(registry))
-    got = page(merger)
+    pairs = [(100.0, 1024.0), (900.0, 1000.0), (10.0, 65536.0)]
+    got = page(merged(*(gauges({"process_open_fds": {(): opened}, "process_max_fds": {(): limit}}, labels=())
+                        for opened, limit in pairs)))
     assert got[("process_open_fds", ())] / got[("process_max_fds", ())] == pytest.approx(0.9)
 
 
 def test_a_dead_workers_gauges_are_gone() -> None:
-    merger = ScrapeMerger()
-    for i in range(2):
-        registry = CollectorRegistry()
-        registry.register(Gauges({"gateway_backend_in_flight": {("a",): 3.0}}))
-        merger.update(f"w{i}", dump(registry))
+    merger = merged(*(gauges({"gateway_backend_in_flight": {("a",): 3.0}}) for _ in range(2)))
     merger.retire("w0")
     assert page(merger)[("gateway_backend_in_flight", (("backend", "a"),))] == 3.0
 
 
 def test_openmetrics_is_served_when_asked() -> None:
-    a = Worker()
-    a.serve(2)
-    merger = ScrapeMerger()
-    merger.update("w0", dump(a.registry))
-    body, content_type = merger.render("application/openmetrics-text; version=1.0.0")
+    body, content_type = merged(*serving(2)).render("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")

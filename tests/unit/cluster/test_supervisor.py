@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from gateway.app import build_pool
 from gateway.cluster.supervisor import MAX_START_FAILURES, Supervisor
 from gateway.settings import parse_settings
+from tests.polling import until
 
 SETTINGS = parse_settings({
     "backends": [{"name": "nowhere", "runtime": "vllm", "url": "http://127.0.0.1:9", "model": "m"}],
@@ -49,19 +48,13 @@ def supervisor(tmp_path: Path, *plan: str) -> tuple[Supervisor, Path]:
     return sup, counter
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_a_crashed_worker_is_restarted_and_counted(tmp_path: Path) -> None:
     sup, counter = supervisor(tmp_path, "crash", "serve")
     urls: list[str] = []
     run = asyncio.create_task(sup.run(urls.append))
-    await until(lambda: sup.hub is not None and sup.hub.restart_count == 1)
+    await until(lambda: sup.hub is not None and sup.hub.restart_count == 1, within_s=30.0)
     assert sup.hub is not None
     assert urls == ["http://127.0.0.1:1"]
     assert counter.read_text() == "2"

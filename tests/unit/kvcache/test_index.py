@@ -130,82 +130,60 @@ def test_confirmations_are_suspects_until_an_event_names_them() -> None:
 
 TOKENS = list(range(5000, 5000 + 16 * 12))
 ENGINE = vllm_hashes(TOKENS, 16)
+PAGES = list(range(7000, 7000 + 80))
+PAGE_HASHES = sglang_hashes(PAGES, 1)
+Ops = list[tuple[bool, int, int]]
+
+
+def replayed(ops: Ops, tokens: list[int] = TOKENS, hashes: list[int] = ENGINE, bs: int = 16,
+             ) -> tuple[RankIndex, set[int]]:
+    """An index from store/remove ops on the blocks of `tokens` (`hashes` the engine's, `bs` tokens
+    each), and the block positions the engine holds: a store resolves only under a block that an
+    event named (or at the root)."""
+    index = RankIndex()
+    resident: set[int] = set()  # block positions the engine holds
+    named: set[int] = set()  # ... and that an event ever named (a store under them resolves)
+    for is_store, start, count in ops:
+        blocks = list(range(start, min(start + count, len(hashes))))
+        if is_store:
+            parent = hashes[start - 1] if start else None
+            index.store(stored(tokens, bs, [hashes[b] for b in blocks], start, parent))
+            if start == 0 or start - 1 in named:
+                resident.update(blocks)
+                named.update(blocks)
+        else:
+            index.remove(Removed(tuple(hashes[b] for b in blocks)))
+            resident.difference_update(blocks)
+    return index, resident
+
+
+def walked(resident: set[int], limit: int) -> int:
+    """The linear walk: how many leading blocks, at most `limit`, the engine holds."""
+    held = 0
+    while held < limit and held in resident:
+        held += 1
+    return held
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.integers(1, 4)), max_size=40),
        st.integers(1, 12))
-def test_lookup_equals_a_linear_walk(ops: list[tuple[bool, int, int]], prompt_blocks: int) -> None:
-    index = RankIndex()
-    resident: set[int] = set()  # block positions the engine holds
-    named: set[int] = set()  # ... and that an event ever named (a store under them resolves)
-    for is_store, start, count in ops:
-        blocks = list(range(start, min(start + count, 12)))
-        if is_store:
-            parent = ENGINE[start - 1] if start else None
-            index.store(stored(TOKENS, 16, [ENGINE[b] for b in blocks], start, parent))
-            if start == 0 or start - 1 in named:
-                resident.update(blocks)
-                named.update(blocks)
-        else:
-            index.remove(Removed(tuple(ENGINE[b] for b in blocks)))
-            resident.difference_update(blocks)
+def test_lookup_equals_a_linear_walk(ops: Ops, prompt_blocks: int) -> None:
+    index, resident = replayed(ops)
     keys = block_keys(pack(TOKENS), 16 * 12, 16)
     assert set(index.keys()) == {keys[b] for b in resident}
     assert index.orphans == sum(1 for b in resident if b > 0 and b - 1 not in resident)
     prompt = TokenPrompt(TOKENS[: prompt_blocks * 16 + 1])
-    expected = 0
-    while expected < prompt_blocks and expected in resident:
-        expected += 1
-    assert index.match(prompt) == expected * 16
-
-
-PAGES = list(range(7000, 7000 + 80))
-PAGE_HASHES = sglang_hashes(PAGES, 1)
+    assert index.match(prompt) == walked(resident, prompt_blocks) * 16
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 79), st.integers(1, 24)), max_size=30),
        st.integers(2, 80))
-def test_small_pages_equal_a_page_by_page_walk(ops: list[tuple[bool, int, int]], prompt_len: int) -> None:
+def test_small_pages_equal_a_page_by_page_walk(ops: Ops, prompt_len: int) -> None:
     """SGLang's per-token pages are searched at 16-token keys and refined: the same answer as a walk."""
-    index = RankIndex()
-    resident: set[int] = set()
-    named: set[int] = set()
-    for is_store, start, count in ops:
-        pages = list(range(start, min(start + count, 80)))
-        if is_store:
-            parent = PAGE_HASHES[start - 1] if start else None
-            index.store(stored(PAGES, 1, [PAGE_HASHES[p] for p in pages], start, parent))
-            if start == 0 or start - 1 in named:
-                resident.update(pages)
-                named.update(pages)
-        else:
-            index.remove(Removed(tuple(PAGE_HASHES[p] for p in pages)))
-            resident.difference_update(pages)
-    expected = 0
-    while expected < prompt_len - 1 and expected in resident:
-        expected += 1
-    assert index.match(TokenPrompt(PAGES[:prompt_len])) == expected
-
-
-def built(ops: list[tuple[bool, int, int]]) -> tuple[RankIndex, set[int]]:
-    """An index from store/remove ops on TOKENS' blocks, and the positions the engine holds."""
-    index = RankIndex()
-    resident: set[int] = set()
-    named: set[int] = set()
-    for is_store, start, count in ops:
-        blocks = list(range(start, min(start + count, 12)))
-        if is_store:
-            parent = ENGINE[start - 1] if start else None
-            index.store(stored(TOKENS, 16, [ENGINE[b] for b in blocks], start, parent))
-            if start == 0 or start - 1 in named:
-                resident.update(blocks)
-                named.update(blocks)
-        else:
-            index.remove(Removed(tuple(ENGINE[b] for b in blocks)))
-            resident.difference_update(blocks)
-    return index, resident
+    index, resident = replayed(ops, PAGES, PAGE_HASHES, 1)
+    assert index.match(TokenPrompt(PAGES[:prompt_len])) == walked(resident, prompt_len - 1)
 
 
 OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.integers(1, 4)), max_size=30)
@@ -213,13 +191,9 @@ OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.integers(1, 4)), 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(OPS, min_size=2, max_size=4), st.integers(1, 12))
-def test_one_prompt_matched_on_many_indexes_keeps_each_answer(fleet: list[list[tuple[bool, int, int]]],
-                                                              prompt_blocks: int) -> None:
+def test_one_prompt_matched_on_many_indexes_keeps_each_answer(fleet: list[Ops], prompt_blocks: int) -> None:
     """The search hint one index leaves on a prompt never changes another index's answer."""
     prompt = TokenPrompt(TOKENS[: prompt_blocks * 16 + 1])
     for _ in range(2):  # twice round: every index also sees the hints the others left
-        for index, resident in map(built, fleet):
-            expected = 0
-            while expected < prompt_blocks and expected in resident:
-                expected += 1
-            assert index.match(prompt) == expected * 16
+        for index, resident in map(replayed, fleet):
+            assert index.match(prompt) == walked(resident, prompt_blocks) * 16

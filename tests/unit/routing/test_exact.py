@@ -8,7 +8,7 @@ from backends.emulator import tokenizer as emu
 from backends.emulator.block_hashes import vllm_hashes
 from gateway.kvcache import KvCaches
 from gateway.kvcache.events import Batch, Stored
-from gateway.routing import POLICIES, RouteRequest, RoutingState, describe
+from gateway.routing import POLICIES, RequestFeatures, RouteRequest, RoutingState, describe
 from gateway.routing.state import APPROXIMATE, EXACT
 from gateway.routing.tokens import TokenPrompt
 
@@ -31,12 +31,16 @@ def engine_holds(caches: KvCaches, backend: str, prompt: TokenPrompt, blocks: in
     assert cache.receive(Batch(seq, 0.0, 0, (Stored(tuple(hashes), None, tuple(ids[: blocks * BS]), BS),)), 0.0) is None
 
 
-def test_live_backends_answer_exactly_and_the_rest_approximately() -> None:
-    caches = KvCaches(clock=lambda: 0.0)
-    state = RoutingState(engines=caches)
-    body = chat(doc(1, 3000), "question")
+def routed(body: dict[str, object], now_s: float = 0.0) -> tuple[KvCaches, RoutingState, TokenPrompt, RequestFeatures]:
+    """Fresh engine caches (their clock stopped at `now_s`), a routing state over them, and `body`'s
+    engine tokens and features."""
+    caches = KvCaches(clock=lambda: now_s)
     prompt = tokens_of(body)
-    feats = describe(body, Endpoint.CHAT, {}, tokens=prompt)
+    return caches, RoutingState(engines=caches), prompt, describe(body, Endpoint.CHAT, {}, tokens=prompt)
+
+
+def test_live_backends_answer_exactly_and_the_rest_approximately() -> None:
+    caches, state, prompt, feats = routed(chat(doc(1, 3000), "question"))
     assert feats.prompt_tokens == prompt.count
     a, b, c = view("a", block_size=BS), view("b", block_size=BS), view("c", block_size=BS)
     warm(state, b, feats)  # the approximate index believes b holds all of it
@@ -55,11 +59,7 @@ def test_live_backends_answer_exactly_and_the_rest_approximately() -> None:
 def test_prefix_affinity_follows_the_engines_truth_over_the_approximate_index() -> None:
     """The approximate index remembers sending the prompt to b; b's engine evicted it and a's
     engine holds it (its events say so): the request goes to a, and the ticket says why."""
-    caches = KvCaches(clock=lambda: 0.0)
-    state = RoutingState(engines=caches)
-    body = chat(doc(2, 3000), "question")
-    prompt = tokens_of(body)
-    feats = describe(body, Endpoint.CHAT, {}, tokens=prompt)
+    caches, state, prompt, feats = routed(chat(doc(2, 3000), "question"))
     a, b = view("a", block_size=BS), view("b", block_size=BS)
     warm(state, b, feats)
     engine_holds(caches, "a", prompt, prompt.cacheable // BS)
@@ -76,11 +76,7 @@ def test_prefix_affinity_follows_the_engines_truth_over_the_approximate_index() 
 
 
 def test_reports_reach_the_engine_cache() -> None:
-    caches = KvCaches(clock=lambda: 5.0)
-    state = RoutingState(engines=caches)
-    body = chat(doc(3, 2000), "q")
-    prompt = tokens_of(body)
-    feats = describe(body, Endpoint.CHAT, {}, tokens=prompt)
+    caches, state, prompt, feats = routed(chat(doc(3, 2000), "q"), now_s=5.0)
     a = view("a", block_size=BS)
     engine_holds(caches, "a", prompt, 4)
     ticket = state.dispatched(a, feats)

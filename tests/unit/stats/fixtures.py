@@ -8,6 +8,7 @@ from typing import Any
 from backends.base import Usage
 from gateway.observability.outcome import Gaps, Outcome
 from gateway.settings import Settings, parse_settings
+from gateway.stats.book import StatsBook
 
 SETTINGS: dict[str, Any] = {
     "backends": [
@@ -26,6 +27,14 @@ SETTINGS: dict[str, Any] = {
 
 def settings() -> Settings:
     return parse_settings(SETTINGS)
+
+
+def book_with(*outcomes: Outcome) -> StatsBook:
+    """A book of `settings()` started at 0, with `outcomes` recorded in order."""
+    book = StatsBook(settings(), started_at=0.0)
+    for o in outcomes:
+        book.record(o)
+    return book
 
 
 RUNTIME = {"v1": "vllm", "v2": "vllm", "s1": "sglang", "t1": "trtllm"}

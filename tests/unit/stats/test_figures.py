@@ -7,17 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.stats.book import StatsBook
 from gateway.stats.figures import figures
 
-from .fixtures import outcome, settings
-
-
-def book_with(*outcomes: Any) -> StatsBook:
-    book = StatsBook(settings(), started_at=0.0)
-    for o in outcomes:
-        book.record(o)
-    return book
+from .fixtures import book_with, outcome
 
 
 def steady_v1() -> list[Any]:

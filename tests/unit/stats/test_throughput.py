@@ -7,19 +7,11 @@ from typing import Any
 
 import pytest
 
-from gateway.stats.book import StatsBook
 from gateway.stats.figures import figures
 from gateway.stats.history import history
 from gateway.stats.peak import PEAK_HORIZON_S, PEAK_LAG_S, PEAK_SPAN_S
 
-from .fixtures import outcome, settings
-
-
-def book_with(*outcomes: Any) -> StatsBook:
-    book = StatsBook(settings(), started_at=0.0)
-    for o in outcomes:
-        book.record(o)
-    return book
+from .fixtures import book_with, outcome
 
 
 def sixty_streams_finishing_together() -> list[Any]:
