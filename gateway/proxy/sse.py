@@ -257,20 +257,22 @@ class SseRelay(StreamRelay):
 
     def _run(self, buf: bytes, pos: int, stop: int) -> tuple[int, int] | None:
         """The run of ordinary token events from `pos` (one starts there) to the last one before
-        `stop`: (its events, where it ends), or None if another kind of event lies within it.
+        `stop`: (its events, where it ends), or None if anything else lies within it.
 
-        Every event boundary in the run but its last must be followed by the prefix: then every event
-        in it is an ordinary token event (an event starts after a boundary; JSON escapes line ends,
-        so a boundary cannot lie inside an event). An extra blank line leaves a boundary not followed
-        by the prefix and an event with empty text matches `_empty`: both end the skip (None), and
-        the per-event walk takes over."""
+        Three counts over the run, not a search per event: `k` events start with the prefix (the
+        one at `pos` and every boundary followed by it; JSON escapes line ends, so the prefix cannot
+        follow a boundary inside an event), and the run holds exactly `2k` line ends. Every event
+        takes at least two (its line's and the blank line), so there is no other event, no second
+        data line and no extra blank line. An event with empty text (`_empty`) is not a token:
+        then None too, and the per-event walk takes over. (Counting the two-byte boundaries
+        themselves costs more than the three counts together.)"""
         nxt = self._next_prefix
         last = buf.rfind(nxt, pos, stop)
         if last < 0:
             return None
         end = buf.find(b"\n\n", last + 2, stop) + 2
-        events = buf.count(b"\n\n", pos, end)
-        if buf.count(nxt, pos, end) != events - 1 or buf.count(self._empty, pos, end):
+        events = buf.count(nxt, pos, end) + 1
+        if buf.count(b"\n", pos, end) != 2 * events or buf.count(self._empty, pos, end):
             return None
         return events, end
 
