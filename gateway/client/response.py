@@ -55,11 +55,33 @@ class UpstreamResponse:
 
     async def readany(self) -> bytes:
         """The bytes received since the last call, as soon as there are any; b"" at the end."""
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    async def read(self) -> bytes:
+        """The whole remaining body."""
+        if self._eof and self._exc is None:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            return data
+        parts = []
+        async for chunk in self:
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """`readany`, for `async for`: the bytes received since the last call, as soon as there are
+        any. The relay loop's one coroutine per read (not a second one around `readany`)."""
         while not self._chunks:
             if self._exc is not None:
                 raise self._exc
             if self._eof:
-                return b""
+                raise StopAsyncIteration
             self._waiter = self.head.get_loop().create_future()
             try:
                 await self._waiter
@@ -75,26 +97,6 @@ class UpstreamResponse:
         conn = self._conn
         if conn is not None and conn.paused:
             conn.resume()
-        return data
-
-    async def read(self) -> bytes:
-        """The whole remaining body."""
-        if self._eof and self._exc is None:
-            data = b"".join(self._chunks)
-            self._chunks.clear()
-            return data
-        parts = []
-        while chunk := await self.readany():
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def __aiter__(self) -> UpstreamResponse:
-        return self
-
-    async def __anext__(self) -> bytes:
-        data = await self.readany()
-        if not data:
-            raise StopAsyncIteration
         return data
 
     def close(self) -> None:
@@ -124,6 +126,8 @@ class UpstreamResponse:
 
     def feed(self, body: bytes) -> int:
         """Buffer body bytes; returns how many are buffered and unread."""
+        if not body:  # a reader takes b"" for the end
+            return self._size
         self._chunks.append(body)
         self._size += len(body)
         self._wake()
