@@ -17,6 +17,8 @@ COMMANDS = {
     "real-vllm": ("bench.real_vllm", "round_robin vs prefix_affinity on two real vLLM CPU servers"),
     "multiturn": ("bench.multiturn", "multi-turn prefix reuse vs one infinite cache: prefix_affinity (today's, "
                   "this tree, with KV events) and sglang-router's cache_aware"),
+    "instructions": ("bench.instructions", "instructions per request under callgrind (gateway vs the lean relay): "
+                     "json, 20 events in one write, per extra one-event-per-write chunk"),
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
     "replicas": ("bench.replicas", "Redis + 3 replicas x 2 workers: shared budget, weight propagation, placement, "
                                    "scaling, store overhead"),
