@@ -148,7 +148,7 @@ def test_a_gap_falls_back_then_rebuilds_and_is_verified(emulators: Emulators, ga
     requests = conversations(seed=3, n=40)
     for messages in requests[:4]:
         ask(client, messages)
-    assert kv_state(gw, "v")["state"] == "live"
+    wait_for(lambda: kv_state(gw, "v")["state"], lambda st: st == "live", what="a live index")  # events lag answers
     loop_thread.loop.call_soon_threadsafe(zmq_publisher(emu).drop_next)
     i = 4
     while kv_state(gw, "v")["state"] == "live":  # the gap shows with the next batch after the dropped one
@@ -220,7 +220,7 @@ def test_a_silent_publisher_is_noticed(emulators: Emulators, gateway: Gateway, l
     client = gw.client()
     requests = conversations(seed=5, n=10)
     ask(client, requests[0])
-    assert kv_state(gw, "v")["state"] == "live"
+    wait_for(lambda: kv_state(gw, "v")["state"], lambda st: st == "live", what="a live index")  # events lag answers
     loop_thread.loop.call_soon_threadsafe(zmq_publisher(emu).silence)
     ask(client, [{"role": "user", "content": "a brand new prompt that must be stored " * 8}])
     state = wait_for(lambda: kv_state(gw, "v"), lambda s: s["state"] == "rebuilding", what="the silence noticed")
