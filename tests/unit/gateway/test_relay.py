@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 import orjson
 import pytest
 
@@ -148,8 +150,6 @@ def test_runs_of_token_events_in_one_read_count_as_the_event_by_event_walk() -> 
     """A read of many events skips runs of ordinary token events with a few searches; whatever lies
     between them (empty text, extra blank lines, role, finish, usage, comments, a second data line)
     must give the same output and the same token count as feeding one event a read."""
-    import random
-
     kinds = [TOK, TOK, TOK, HEAD + b'"choices":[{"index":0,"delta":{"content":""}}]}\n\n', ROLE, USAGE,
              HEAD + b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n', b": keep-alive\n\n",
              b"\n", TOK[:-1] + TOK, HEAD + b'"choices":[{"index":0,"delta":{"content":"\\n\\n"}}]}\n\n']
