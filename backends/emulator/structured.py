@@ -94,35 +94,30 @@ def _choose_tool(tools: list[ToolSpec], choice: Any, *, nested: bool) -> OutputS
 
 
 def chat_shape(body: dict[str, Any]) -> OutputShape:
-    """The shape a chat completions body asks for."""
-    tools = _tool_list(body.get("tools"), nested=True)
-    forced = _choose_tool(tools, body.get("tool_choice"), nested=True)
-    if forced is not None:
-        return forced
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict):
-        if fmt.get("type") == "json_object":
-            return OutputShape("json", schema={"type": "object"})
-        if fmt.get("type") == "json_schema":
-            spec = fmt.get("json_schema")
-            schema = spec.get("schema") if isinstance(spec, dict) else None
-            return OutputShape("json", schema=schema if schema is not None else {"type": "object"})
-    return TEXT
+    """The shape a chat completions body asks for (`tools`/`tool_choice`, `response_format`)."""
+    return _shape(body, body.get("response_format"), nested=True)
 
 
 def responses_shape(body: dict[str, Any]) -> OutputShape:
     """The shape a Responses body asks for (`tools`/`tool_choice`, `text.format`)."""
-    tools = _tool_list(body.get("tools"), nested=False)
-    forced = _choose_tool(tools, body.get("tool_choice"), nested=False)
+    text = body.get("text")
+    return _shape(body, text.get("format") if isinstance(text, dict) else None, nested=False)
+
+
+def _shape(body: dict[str, Any], fmt: Any, *, nested: bool) -> OutputShape:
+    """A forced tool call, else the JSON output format `fmt` asks for, else text. A chat
+    `response_format` nests the schema (`json_schema.schema`); a Responses `text.format`
+    (`nested=False`) holds it beside `type`."""
+    tools = _tool_list(body.get("tools"), nested=nested)
+    forced = _choose_tool(tools, body.get("tool_choice"), nested=nested)
     if forced is not None:
         return forced
-    text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict):
         if fmt.get("type") == "json_object":
             return OutputShape("json", schema={"type": "object"})
         if fmt.get("type") == "json_schema":
-            schema = fmt.get("schema")
+            spec = fmt.get("json_schema") if nested else fmt
+            schema = spec.get("schema") if isinstance(spec, dict) else None
             return OutputShape("json", schema=schema if schema is not None else {"type": "object"})
     return TEXT
 
