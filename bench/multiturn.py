@@ -47,6 +47,7 @@ import aiohttp
 import orjson
 import yaml
 
+from bench.cli import standalone
 from bench.multiturn_workload import Ideal, MultiTurnSpec, calibrate, generate, ideal
 from bench.peers import PEERS_DIR, SGLANG_ROUTER, install, version
 from bench.procs import ROOT, Proc, free_port
@@ -441,11 +442,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m bench.multiturn", description=__doc__)
-    add_arguments(p)
-    return run(p.parse_args(argv), argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone("python -m bench.multiturn", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

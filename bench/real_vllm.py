@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import aiohttp
 import orjson
 import yaml
 
+from bench.cli import standalone
 from bench.procs import ROOT, Proc, free_port
 from bench.routing_client import Result, fmt, hit_counters, pct, scrape, stream_one, to_jsonable
 from bench.workload import TimedRequest, words
@@ -328,11 +330,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return 0 if passed else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m bench.real_vllm", description=__doc__)
-    add_arguments(p)
-    return run(p.parse_args(argv), argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone("python -m bench.real_vllm", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

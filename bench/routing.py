@@ -18,10 +18,9 @@ import asyncio
 import math
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bench.cli import standalone
 from bench.procs import ROOT
 from bench.routing_client import Result, median, to_jsonable
 from bench.routing_report import Target, markdown, plots
@@ -235,12 +235,8 @@ def _strip(obj: Any) -> Any:
     return obj
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv), argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone("python -m bench.routing", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

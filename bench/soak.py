@@ -29,6 +29,8 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.cli import standalone
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
@@ -297,9 +299,7 @@ def run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return standalone("python -m bench.soak", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":
