@@ -29,16 +29,19 @@ log = logging.getLogger(__name__)
 
 
 class _Signals:
-    """SIGINT/SIGTERM stop; SIGHUP reloads the config (once a reloader is attached). Installed before
-    the gateway says it is listening, so no signal can arrive to the default handlers."""
+    """SIGINT/SIGTERM call `stop`; SIGHUP reloads the config through what `reloader()` returns then
+    (None: nothing to reload yet). One worker and the supervisor of N install the same handlers;
+    `done` says in the log what a reload reached. Installed before the gateway says it is
+    listening, so no signal can arrive to the default handlers."""
 
-    def __init__(self) -> None:
-        self.stop = asyncio.Event()
-        self.reloader: Reloads | None = None  # one process's reloader, or (a worker) its hub's
+    def __init__(self, stop: Callable[[], None], reloader: Callable[[], Reloads | None], *,
+                 done: str = "reloaded") -> None:
+        self._reloader = reloader
+        self._done = done
         self._tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, stop)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
 
     def _on_hup(self) -> None:
@@ -47,12 +50,13 @@ class _Signals:
         task.add_done_callback(self._tasks.discard)
 
     async def _reload(self) -> None:
-        if self.reloader is None:
+        reloader = self._reloader()
+        if reloader is None:
             log.warning("SIGHUP: nothing to reload")
             return
         try:
-            done = await self.reloader.reload()
-            log.info("SIGHUP: reloaded, generation %d", done.generation)
+            done = await reloader.reload()
+            log.info("SIGHUP: %s, generation %d", self._done, done.generation)
         except ReloadRejected as exc:
             log.error("SIGHUP: new config rejected, the old one keeps serving: %s", "; ".join(exc.errors))
 
@@ -75,7 +79,9 @@ async def serve(
         if workers > 1:
             return await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
                                     banner=demo.banner if demo is not None else None)
-        signals = _Signals()
+        stopped = asyncio.Event()
+        worker: Running | None = None
+        _Signals(stopped.set, lambda: None if worker is None else worker.built.coordinator)
         link = None
         if hub is not None:
             from .cluster.link import WorkerLink
@@ -86,14 +92,13 @@ async def serve(
         )
         if demo is not None:
             print(demo.banner(worker.url), flush=True)
-        signals.reloader = worker.built.coordinator
-        ended = [asyncio.ensure_future(signals.stop.wait())]
+        ended = [asyncio.ensure_future(stopped.wait())]
         if link is not None:
             ended.append(asyncio.ensure_future(link.closed.wait()))
         await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
         for waiter in ended:
             waiter.cancel()
-        if link is not None and link.closed.is_set() and not signals.stop.is_set():
+        if link is not None and link.closed.is_set() and not stopped.is_set():
             log.warning("the supervisor is gone: stopping this worker")
         log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
         await worker.stop(settings.limits.drain_timeout_s)
@@ -138,11 +143,11 @@ async def _supervise(
 ) -> int:
     """Run `workers` worker processes on one port until a signal stops them; the exit status."""
     from .app import build_pool
-    from .cluster.supervisor import Supervisor, install_signals
+    from .cluster.supervisor import Supervisor
 
     supervisor = Supervisor(settings, host=host, port=port, workers=workers, config_path=config_path,
                             build_pool=build_pool)
-    install_signals(supervisor)
+    _Signals(supervisor.stop, lambda: supervisor.hub, done="reloaded every worker")
 
     def listening(url: str) -> None:
         print(f"gateway listening on {url} ({workers} workers)", flush=True)

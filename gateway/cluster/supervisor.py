@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import sys
 import tempfile
@@ -207,28 +206,3 @@ class Supervisor:
                 log.warning("worker %d restarted (pid %d)", slot.number, slot.proc.pid)
                 break
 
-
-def install_signals(supervisor: Supervisor) -> None:
-    """SIGTERM/SIGINT stop the gateway; SIGHUP reloads every worker."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, supervisor.stop)
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def reload() -> None:
-        from ..state.reload import ReloadRejected
-
-        if supervisor.hub is None:
-            return
-        try:
-            done = await supervisor.hub.reload()
-            log.info("SIGHUP: reloaded every worker, generation %d", done.generation)
-        except ReloadRejected as exc:
-            log.error("SIGHUP: new config rejected, the old one keeps serving: %s", "; ".join(exc.errors))
-
-    def on_hup() -> None:
-        task = loop.create_task(reload())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
