@@ -106,22 +106,10 @@ DOCUMENT: dict[str, Any] = {
     },
     "security": [{"bearer": []}, {}],
     "paths": {
-        "/v1/chat/completions": {"post": {
-            "operationId": "createChatCompletion",
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/ChatRequest"}}}},
-            "responses": {"200": {"description": "completion (JSON or text/event-stream)", "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/Object"}},
-                "text/event-stream": {"schema": {"type": "string"}}}}, **_errors(*_GEN_ERRORS)},
-        }},
-        "/v1/completions": {"post": {
-            "operationId": "createCompletion",
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/CompletionRequest"}}}},
-            "responses": {"200": {"description": "completion (JSON or text/event-stream)", "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/Object"}},
-                "text/event-stream": {"schema": {"type": "string"}}}}, **_errors(*_GEN_ERRORS)},
-        }},
+        "/v1/chat/completions": _post("createChatCompletion", "ChatRequest", "completion (JSON or text/event-stream)",
+                                      streams=True),
+        "/v1/completions": _post("createCompletion", "CompletionRequest", "completion (JSON or text/event-stream)",
+                                 streams=True),
         "/v1/responses": _post("createResponse", "ResponsesRequest", "response (JSON or text/event-stream)",
                                streams=True),
         "/v1/embeddings": _post("createEmbedding", "EmbeddingsRequest", "embeddings"),
