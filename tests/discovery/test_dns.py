@@ -3,11 +3,12 @@ SRV from its command line). Each `step()` lets the source resolve exactly once m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from gateway.discovery import DiscoveryEntry, backends_of
+from gateway.discovery import DiscoveryEntry, Endpoint, backends_of
 
-from .harness import Dnsmasq, Follow, Follower, endpoints
+from .harness import Dnsmasq, Follow, Follower, StepSleep, endpoints
 
 INTERVAL_S = 5.0
 SOURCE = "pool"
@@ -24,24 +25,36 @@ def total(follower: Follower, name: str, **labels: str) -> float:
     return follower.metric(f"gateway_discovery_{name}", SOURCE, **labels)
 
 
-async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Follow) -> None:
-    dnsmasq.write_hosts({"pool.test": ["127.0.0.2", "127.0.0.3"], "other.test": ["127.0.0.9"]})
-    dnsmasq.start()
-    follower, sleep = follow(entry(dnsmasq, host="pool.test", port=8000))
-
-    assert await follower.changed(1) == endpoints(8000, "127.0.0.2", "127.0.0.3")
+async def following(dnsmasq: Dnsmasq, follow: Follow, hosts: dict[str, Iterable[str]], first: Iterable[Endpoint], *,
+                    srv_records: Iterable[str] = (), **dns: Any) -> tuple[Follower, StepSleep]:
+    """dnsmasq serving `hosts` (and `srv_records`), a source resolving `dns` from it, its first set `first`, and
+    the source asleep until the next `step()`."""
+    dnsmasq.write_hosts(hosts)
+    dnsmasq.start(srv=srv_records)
+    follower, sleep = follow(entry(dnsmasq, **dns))
+    assert await follower.changed(1) == frozenset(first)
     await sleep.asleep()
-    assert sleep.asked == [INTERVAL_S]  # start to start; the injected clock stands still
+    return follower, sleep
 
-    dnsmasq.write_hosts({"pool.test": ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
+
+async def republish(dnsmasq: Dnsmasq, sleep: StepSleep, hosts: dict[str, Iterable[str]]) -> None:
+    """dnsmasq serves `hosts` from now on (it re-reads the file on SIGHUP); the source resolves once more."""
+    dnsmasq.write_hosts(hosts)
     dnsmasq.reload()
     await sleep.step()
+
+
+async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Follow) -> None:
+    follower, sleep = await following(dnsmasq, follow, {"pool.test": ["127.0.0.2", "127.0.0.3"],
+                                                        "other.test": ["127.0.0.9"]},
+                                      endpoints(8000, "127.0.0.2", "127.0.0.3"), host="pool.test", port=8000)
+    assert sleep.asked == [INTERVAL_S]  # start to start; the injected clock stands still
+
+    await republish(dnsmasq, sleep, {"pool.test": ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
     assert await follower.changed(2) == endpoints(8000, "127.0.0.2", "127.0.0.3", "127.0.0.4")
     assert follower.seen[1].added == endpoints(8000, "127.0.0.4")
 
-    dnsmasq.write_hosts({"pool.test": ["127.0.0.3", "127.0.0.4"]})
-    dnsmasq.reload()
-    await sleep.step()
+    await republish(dnsmasq, sleep, {"pool.test": ["127.0.0.3", "127.0.0.4"]})
     assert await follower.changed(3) == endpoints(8000, "127.0.0.3", "127.0.0.4")
     assert follower.seen[2].removed == endpoints(8000, "127.0.0.2")
 
@@ -59,11 +72,8 @@ async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Follow) -> Non
 async def test_a_stopped_server_keeps_the_last_set_and_a_restarted_one_is_followed_again(
     dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
-    dnsmasq.write_hosts({"pool.test": ["127.0.0.2", "127.0.0.3"]})
-    dnsmasq.start()
-    follower, sleep = follow(entry(dnsmasq, host="pool.test", port=8000))
-    assert await follower.changed(1) == endpoints(8000, "127.0.0.2", "127.0.0.3")
-    await sleep.asleep()
+    follower, sleep = await following(dnsmasq, follow, {"pool.test": ["127.0.0.2", "127.0.0.3"]},
+                                      endpoints(8000, "127.0.0.2", "127.0.0.3"), host="pool.test", port=8000)
 
     dnsmasq.stop()
     for _ in range(3):
@@ -86,15 +96,10 @@ async def test_a_stopped_server_keeps_the_last_set_and_a_restarted_one_is_follow
 async def test_a_name_that_disappears_empties_the_pool(
     dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
-    dnsmasq.write_hosts({"pool.test": ["127.0.0.2"], "other.test": ["127.0.0.9"]})
-    dnsmasq.start()
-    follower, sleep = follow(entry(dnsmasq, host="pool.test", port=8000))
-    assert await follower.changed(1) == endpoints(8000, "127.0.0.2")
-    await sleep.asleep()
+    follower, sleep = await following(dnsmasq, follow, {"pool.test": ["127.0.0.2"], "other.test": ["127.0.0.9"]},
+                                      endpoints(8000, "127.0.0.2"), host="pool.test", port=8000)
 
-    dnsmasq.write_hosts({"other.test": ["127.0.0.9"]})  # pool.test is NXDOMAIN now: an answer, not an error
-    dnsmasq.reload()
-    await sleep.step()
+    await republish(dnsmasq, sleep, {"other.test": ["127.0.0.9"]})  # pool.test is NXDOMAIN now: an answer, not an error
     assert await follower.changed(2) == frozenset()
     assert total(follower, "errors_total") == 0
     assert total(follower, "endpoints") == 0
@@ -116,16 +121,14 @@ async def test_aaaa_records_join_with_bracketed_names(
 async def test_srv_records_give_each_target_its_port(
     dnsmasq: Dnsmasq, follow: Follow,
 ) -> None:
-    dnsmasq.write_hosts({"a.pool.test": ["127.0.0.2"], "b.pool.test": ["127.0.0.3", "127.0.0.4"]})
-    dnsmasq.start(srv=["_http._tcp.pool.test,a.pool.test,8001", "_http._tcp.pool.test,b.pool.test,8002,10,5"])
-    follower, sleep = follow(entry(dnsmasq, srv="_http._tcp.pool.test"))
-    assert await follower.changed(1) == {*endpoints(8001, "127.0.0.2"), *endpoints(8002, "127.0.0.3", "127.0.0.4")}
-    await sleep.asleep()
+    follower, sleep = await following(
+        dnsmasq, follow, {"a.pool.test": ["127.0.0.2"], "b.pool.test": ["127.0.0.3", "127.0.0.4"]},
+        {*endpoints(8001, "127.0.0.2"), *endpoints(8002, "127.0.0.3", "127.0.0.4")},
+        srv_records=["_http._tcp.pool.test,a.pool.test,8001", "_http._tcp.pool.test,b.pool.test,8002,10,5"],
+        srv="_http._tcp.pool.test")
 
     # A target's address moves: the hosts file is re-read on SIGHUP.
-    dnsmasq.write_hosts({"a.pool.test": ["127.0.0.5"], "b.pool.test": ["127.0.0.3", "127.0.0.4"]})
-    dnsmasq.reload()
-    await sleep.step()
+    await republish(dnsmasq, sleep, {"a.pool.test": ["127.0.0.5"], "b.pool.test": ["127.0.0.3", "127.0.0.4"]})
     assert await follower.changed(2) == {*endpoints(8001, "127.0.0.5"), *endpoints(8002, "127.0.0.3", "127.0.0.4")}
 
     # The SRV records themselves change: dnsmasq reads --srv-host only at start.
@@ -135,8 +138,6 @@ async def test_srv_records_give_each_target_its_port(
     assert await follower.changed(3) == {*endpoints(8002, "127.0.0.3"), *endpoints(8003, "127.0.0.6")}
 
     # A target without addresses contributes nothing; the others stay.
-    dnsmasq.write_hosts({"b.pool.test": ["127.0.0.3"]})
-    dnsmasq.reload()
-    await sleep.step()
+    await republish(dnsmasq, sleep, {"b.pool.test": ["127.0.0.3"]})
     assert await follower.changed(4) == endpoints(8002, "127.0.0.3")
     assert total(follower, "errors_total") == 0
