@@ -5,7 +5,7 @@ SDK (`client.responses.create` / `client.responses.stream`) and on the wire (SSE
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import aiohttp
@@ -36,6 +36,21 @@ def client_for(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
 
 
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """Every runtime, unless a test parametrises `runtime` itself."""
+    param: str = request.param
+    return param
+
+
+@pytest.fixture
+async def client(emulator: MakeEmulator, runtime: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The official SDK against an emulator of `runtime`."""
+    emu = await emulator(runtime)
+    async with client_for(emu.url) as c:
+        yield c
+
+
 def collapse(types: Sequence[str]) -> list[str]:
     """Event types with runs of the same delta type collapsed to one."""
     out: list[str] = []
@@ -61,10 +76,7 @@ async def raw_stream(url: str, body: dict[str, Any]) -> list[tuple[str, dict[str
     return events
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_create_with_string_input(emulator: MakeEmulator, runtime: str) -> None:
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
+async def test_create_with_string_input(client: openai.AsyncOpenAI, runtime: str) -> None:
     resp = await client.responses.create(model="tiny-moe", input="Tell me about the sea.", max_output_tokens=8)
     assert resp.object == "response"
     assert resp.id.startswith("resp")
@@ -79,14 +91,10 @@ async def test_create_with_string_input(emulator: MakeEmulator, runtime: str) ->
     assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
     assert resp.usage.input_tokens_details.cached_tokens >= 0
     assert resp.usage.output_tokens_details.reasoning_tokens == 0
-    await client.close()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_message_items_and_instructions_render_like_chat(emulator: MakeEmulator, runtime: str) -> None:
+async def test_message_items_and_instructions_render_like_chat(client: openai.AsyncOpenAI) -> None:
     """The Responses input renders to the same prompt tokens as the equivalent chat request."""
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
     items = cast(ResponseInputParam, [
         {"role": "user", "content": "Hi there"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello",
@@ -102,7 +110,6 @@ async def test_message_items_and_instructions_render_like_chat(emulator: MakeEmu
     assert chat.usage is not None
     assert resp.usage.input_tokens == chat.usage.prompt_tokens
     assert resp.instructions == "Be brief."
-    await client.close()
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -127,10 +134,7 @@ async def test_stream_event_sequence_on_the_wire(emulator: MakeEmulator, runtime
     assert events[0][1]["response"]["status"] == "in_progress"
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_sdk_stream_helper_parses_the_stream(emulator: MakeEmulator, runtime: str) -> None:
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
+async def test_sdk_stream_helper_parses_the_stream(client: openai.AsyncOpenAI, runtime: str) -> None:
     # A JSON-schema output ends by itself (finish "stop"), so every runtime sends response.completed.
     async with client.responses.stream(
         model="tiny-moe", input="Weather?", max_output_tokens=200,
@@ -148,14 +152,12 @@ async def test_sdk_stream_helper_parses_the_stream(emulator: MakeEmulator, runti
     assert jsonschema_rs.validator_for(PARAMS).is_valid(json.loads(text))
     assert final.usage is not None
     assert final.usage.output_tokens > 0
-    await client.close()
 
 
-async def test_sglang_stream_cut_by_max_output_tokens_ends_incomplete(emulator: MakeEmulator) -> None:
+@pytest.mark.parametrize("runtime", ["sglang"])
+async def test_sglang_stream_cut_by_max_output_tokens_ends_incomplete(client: openai.AsyncOpenAI) -> None:
     """SGLang finishes a cut stream with `response.incomplete`, which the SDK's stream helper
     does not treat as final (`get_final_response` raises): clients must read the event."""
-    emu = await emulator("sglang")
-    client = client_for(emu.url)
     async with client.responses.stream(model="tiny-moe", input="Tell me about the sea.",
                                        max_output_tokens=6) as stream:
         last = None
@@ -166,13 +168,9 @@ async def test_sglang_stream_cut_by_max_output_tokens_ends_incomplete(emulator: 
         assert last.response.status == "incomplete"
         with pytest.raises(RuntimeError):
             await stream.get_final_response()
-    await client.close()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_forced_function_call(emulator: MakeEmulator, runtime: str) -> None:
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
+async def test_forced_function_call(client: openai.AsyncOpenAI) -> None:
     choices: list[Any] = ["required", {"type": "function", "name": "get_weather"}]
     for choice in choices:
         resp = await client.responses.create(model="tiny-moe", input="What is the weather in Paris?", tools=[TOOL],
@@ -185,13 +183,9 @@ async def test_forced_function_call(emulator: MakeEmulator, runtime: str) -> Non
         assert call.status == "completed"
         assert call.call_id
         assert jsonschema_rs.validator_for(PARAMS).is_valid(json.loads(call.arguments))
-    await client.close()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_forced_function_call_streams_argument_deltas(emulator: MakeEmulator, runtime: str) -> None:
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
+async def test_forced_function_call_streams_argument_deltas(client: openai.AsyncOpenAI) -> None:
     async with client.responses.stream(model="tiny-moe", input="Weather?", tools=[TOOL], tool_choice="required",
                                        max_output_tokens=200) as stream:
         types, pieces = [], []
@@ -210,17 +204,12 @@ async def test_forced_function_call_streams_argument_deltas(emulator: MakeEmulat
     assert call.type == "function_call"
     assert call.arguments == "".join(pieces)
     assert jsonschema_rs.validator_for(PARAMS).is_valid(json.loads(call.arguments))
-    await client.close()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_tool_choice_auto_answers_with_text(emulator: MakeEmulator, runtime: str) -> None:
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
+async def test_tool_choice_auto_answers_with_text(client: openai.AsyncOpenAI) -> None:
     resp = await client.responses.create(model="tiny-moe", input="Hi", tools=[TOOL], max_output_tokens=5)
     assert [item.type for item in resp.output] == ["message"]
     assert resp.tool_choice == "auto"
-    await client.close()
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -243,9 +232,7 @@ async def test_responses_share_the_prefix_cache_with_chat(emulator: MakeEmulator
 
 
 @pytest.mark.parametrize("runtime", ["sglang", "trtllm"])
-async def test_stored_responses_continue_with_previous_response_id(emulator: MakeEmulator, runtime: str) -> None:
-    emu = await emulator(runtime)
-    client = client_for(emu.url)
+async def test_stored_responses_continue_with_previous_response_id(client: openai.AsyncOpenAI) -> None:
     first = await client.responses.create(model="tiny-moe", input="Tell me about the sea.", max_output_tokens=4)
     again = await client.responses.retrieve(first.id)
     assert again.id == first.id
@@ -259,19 +246,16 @@ async def test_stored_responses_continue_with_previous_response_id(emulator: Mak
     assert follow.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(model="tiny-moe", input="x", previous_response_id="resp_missing")
-    await client.close()
 
 
-async def test_vllm_has_no_response_store_by_default(emulator: MakeEmulator) -> None:
-    emu = await emulator("vllm")
-    client = client_for(emu.url)
+@pytest.mark.parametrize("runtime", ["vllm"])
+async def test_vllm_has_no_response_store_by_default(client: openai.AsyncOpenAI) -> None:
     first = await client.responses.create(model="tiny-moe", input="Tell me about the sea.", max_output_tokens=4)
     with pytest.raises(openai.NotFoundError) as err:
         await client.responses.retrieve(first.id)
     assert f"Response with id '{first.id}' not found." in str(err.value)
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(model="tiny-moe", input="x", previous_response_id=first.id)
-    await client.close()
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
