@@ -15,13 +15,21 @@ class Clock:
         return self.now
 
 
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def limiter(clock: Clock) -> KeyLimiter:
+    return KeyLimiter(clock)
+
+
 def key(**limits: int) -> ApiKey:
     return ApiKey(id="k", key=hash_key("secret"), **limits)
 
 
-def test_requests_per_minute_admits_a_burst_then_asks_to_wait() -> None:
-    clock = Clock()
-    limiter = KeyLimiter(clock)
+def test_requests_per_minute_admits_a_burst_then_asks_to_wait(clock: Clock, limiter: KeyLimiter) -> None:
     k = key(requests_per_minute=3)
     assert [limiter.admit(k) for _ in range(3)] == [None, None, None]
     assert limiter.admit(k) == (20, "requests")  # one request refills every 60/3 s
@@ -30,9 +38,7 @@ def test_requests_per_minute_admits_a_burst_then_asks_to_wait() -> None:
     assert limiter.admit(k) is not None
 
 
-def test_tokens_are_charged_after_the_request_and_block_until_refilled() -> None:
-    clock = Clock()
-    limiter = KeyLimiter(clock)
+def test_tokens_are_charged_after_the_request_and_block_until_refilled(clock: Clock, limiter: KeyLimiter) -> None:
     k = key(tokens_per_minute=600)  # 10 tokens per second
     assert limiter.admit(k) is None
     limiter.charge(k, 700)  # the usage overshot the bucket: 100 tokens in debt
@@ -41,25 +47,20 @@ def test_tokens_are_charged_after_the_request_and_block_until_refilled() -> None
     assert limiter.admit(k) is None
 
 
-def test_the_spent_budget_is_named() -> None:
-    clock = Clock()
-    limiter = KeyLimiter(clock)
+def test_the_spent_budget_is_named(limiter: KeyLimiter) -> None:
     k = key(requests_per_minute=100, tokens_per_minute=60)
     assert limiter.admit(k) is None
     limiter.charge(k, 120)
     assert limiter.admit(k) == (60, "tokens")
 
 
-def test_a_key_without_limits_is_always_admitted() -> None:
-    limiter = KeyLimiter(Clock())
+def test_a_key_without_limits_is_always_admitted(limiter: KeyLimiter) -> None:
     k = key()
     limiter.charge(k, 10**9)
     assert all(limiter.admit(k) is None for _ in range(1000))
 
 
-def test_openai_rate_limit_headers_state_limit_remaining_and_reset() -> None:
-    clock = Clock()
-    limiter = KeyLimiter(clock)
+def test_openai_rate_limit_headers_state_limit_remaining_and_reset(limiter: KeyLimiter) -> None:
     k = key(requests_per_minute=60, tokens_per_minute=6000)
     assert limiter.admit(k) is None
     limiter.charge(k, 150)
@@ -73,9 +74,7 @@ def test_openai_rate_limit_headers_state_limit_remaining_and_reset() -> None:
         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
 
 
-def test_the_exact_wait_is_known_for_retry_after_ms() -> None:
-    clock = Clock()
-    limiter = KeyLimiter(clock)
+def test_the_exact_wait_is_known_for_retry_after_ms(clock: Clock, limiter: KeyLimiter) -> None:
     k = key(requests_per_minute=3)
     for _ in range(3):
         limiter.admit(k)
