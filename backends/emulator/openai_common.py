@@ -124,6 +124,12 @@ def build_request(body: dict[str, Any], *, chat: bool, default_max_tokens: int |
     )
 
 
+def flat_error(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
+    """The error body SGLang and trtllm-serve answer: OpenAI's fields at the top level, marked by
+    `"object": "error"` (not nested under `error` as OpenAI and vLLM nest them)."""
+    return {"object": "error", "message": message, "type": err_type, "param": param, "code": status}
+
+
 def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
 

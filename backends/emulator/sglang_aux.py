@@ -22,7 +22,7 @@ from backends.emulator import embeddings as E
 from backends.emulator import responses_face as RF
 from backends.emulator import tokenizer
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
-from backends.emulator.openai_common import BodyError, json_response, parse_body, run_pooling
+from backends.emulator.openai_common import BodyError, flat_error, json_response, parse_body, run_pooling
 from backends.emulator.responses_api import ResponsesCall
 from backends.emulator.responses_render import Dialect
 from backends.emulator.sglang_common import METRICS_KEY, Reject, admit
@@ -32,8 +32,7 @@ NOT_EMBEDDING = ("This model does not appear to be an embedding model by default
 
 
 def _flat(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
-    return json_response({"object": "error", "message": message, "type": err_type, "param": param, "code": status},
-                         status)
+    return json_response(flat_error(status, message, err_type, param), status)
 
 
 def _too_long(ctx: FaceContext, prompt_tokens: int) -> web.Response | None:

@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.emulator.context import FaceContext
+from backends.emulator.openai_common import flat_error
 from backends.emulator.sglang_metrics import SglangMetrics
 from backends.emulator.textgen import OutputPlan
 
@@ -23,8 +24,7 @@ class Reject(Exception):
         self.status, self.message, self.err_type = status, message, err_type
 
     def body(self) -> dict[str, Any]:
-        return {"object": "error", "message": self.message, "type": self.err_type, "param": None,
-                "code": self.status}
+        return flat_error(self.status, self.message, self.err_type)
 
 
 def matched(plan: OutputPlan) -> int | str | None:

@@ -20,6 +20,7 @@ from backends.emulator.openai_common import (
     FieldError,
     build_request,
     event,
+    flat_error,
     json_response,
     open_sse,
     parse_body,
@@ -177,8 +178,7 @@ async def _stream(
         return c
 
     def mid_stream_error() -> bytes:
-        return event({"error": {"object": "error", "message": "Internal server error", "type": "InternalServerError",
-                                "param": None, "code": 500}})
+        return event({"error": flat_error(500, "Internal server error", "InternalServerError")})
 
     resp = await open_sse(request)
     try:

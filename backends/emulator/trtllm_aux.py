@@ -20,7 +20,7 @@ from aiohttp import web
 from backends.emulator import embeddings as E
 from backends.emulator import responses_face as RF
 from backends.emulator.context import CONTEXT_KEY, FaceContext
-from backends.emulator.openai_common import BodyError, json_response, parse_body, run_pooling
+from backends.emulator.openai_common import BodyError, flat_error, json_response, parse_body, run_pooling
 from backends.emulator.responses_api import ResponsesCall
 from backends.emulator.responses_render import Dialect
 from backends.emulator.trtllm_common import Reject, admit, flat, pydantic
@@ -39,8 +39,7 @@ def _json(rej: Reject) -> web.Response:
 
 
 def _reject(status: int, message: str, err_type: str, param: str | None) -> web.Response:
-    return json_response({"object": "error", "message": message, "type": err_type, "param": param, "code": status},
-                         status)
+    return json_response(flat_error(status, message, err_type, param), status)
 
 
 def responses_hooks() -> RF.ResponsesHooks:

@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.emulator.context import FaceContext
+from backends.emulator.openai_common import flat_error
 from backends.emulator.trtllm_metrics import TrtllmMetrics
 
 VERSION = "1.2.0"
@@ -19,7 +20,7 @@ class Reject(Exception):
 
 
 def flat(message: str, err_type: str, code: int) -> Reject:
-    return Reject(code, {"object": "error", "message": message, "type": err_type, "param": None, "code": code})
+    return Reject(code, flat_error(code, message, err_type))
 
 
 def pydantic(model: str, loc: str, msg: str, kind: str, value: Any) -> Reject:

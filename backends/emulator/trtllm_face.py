@@ -22,6 +22,7 @@ from backends.emulator.openai_common import (
     FieldError,
     build_request,
     event,
+    flat_error,
     json_response,
     open_sse,
     parse_body,
@@ -200,8 +201,7 @@ def _tool_deltas(ctx: FaceContext, tracker: ToolCallStream, piece: str) -> list[
 
 def _error_event() -> bytes:
     # Estimated shape (not in the spec): an `error` key, so OpenAI clients raise as they do for vLLM.
-    return event({"error": {"object": "error", "message": "Internal server error", "type": "InternalServerError",
-                            "param": None, "code": 500}})
+    return event({"error": flat_error(500, "Internal server error", "InternalServerError")})
 
 
 async def health(request: web.Request) -> web.Response:
