@@ -14,8 +14,9 @@ import time
 from typing import Final
 
 _OFFSET: Final = time.time() - time.perf_counter()
+_perf_counter: Final = time.perf_counter  # Final: a C static when compiled, not two lookups a read
 
 
 def gateway_clock() -> float:
     """Seconds since the Unix epoch as of process start, advancing monotonically."""
-    return time.perf_counter() + _OFFSET
+    return _perf_counter() + _OFFSET
