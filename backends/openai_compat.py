@@ -166,7 +166,7 @@ def _read_in_place(body: bytes, model: str) -> Reply | None:
     opens. The `model` key is the outermost object's when nothing before it opens another one. A
     body that is not JSON between the two parts is not noticed (its model is renamed, its usage
     read), where the full parse would pass it on unread: backends answer a 2xx with JSON."""
-    if body[:1] != b"{" or body.count(b'"model"') > 1:
+    if not body.startswith(b"{") or body.count(b'"model"') > 1:
         return None
     usage = None
     at = body.rfind(b'"usage"')
@@ -202,7 +202,20 @@ def _read_in_place(body: bytes, model: str) -> Reply | None:
             return Reply(body, usage)
     except UnicodeDecodeError:
         return None
-    return Reply(body[:start - 1] + orjson.dumps(model) + body[end + 1:], usage)
+    return Reply(b"%b%b%b" % (body[:start - 1], _quoted(model), body[end + 1:]), usage)
+
+
+_QUOTED: dict[str, bytes] = {}
+
+
+def _quoted(model: str) -> bytes:
+    """`model` as a JSON string, encoded once per name (a handful: the routes' models)."""
+    quoted = _QUOTED.get(model)
+    if quoted is None:
+        if len(_QUOTED) >= 256:  # names come from clients: never let them grow it unbounded
+            _QUOTED.clear()
+        quoted = _QUOTED[model] = orjson.dumps(model)
+    return quoted
 
 
 _MODEL_KEYS: dict[tuple[str, str], tuple[tuple[bytes, bytes], ...]] = {}
