@@ -177,11 +177,12 @@ class SseRelay(StreamRelay):
             # The common read: one ordinary token event and nothing else, told by its learned prefix
             # and suffix and a text too short to hold another event (JSON escapes line ends, so an
             # event boundary can only come from a second event, and an ordinary event is longer than
-            # MAX_TOKEN_TEXT). Slices and compares only: a bytes method called from compiled code
-            # costs as much as the rest of this path (a method lookup and argument parsing).
-            plen, slen, n = len(prefix), len(self._suffix), len(data)
-            if (plen < n - slen <= plen + MAX_TOKEN_TEXT and data[plen] != 34 and data[:plen] == prefix
-                    and data[n - slen:] == self._suffix):
+            # MAX_TOKEN_TEXT). Compiled, `startswith` and `endswith` are a memcmp in place (no slice
+            # is copied; other bytes methods are a method lookup and argument parsing).
+            plen, n = len(prefix), len(data)
+            suffix = self._suffix
+            if (plen < n - len(suffix) <= plen + MAX_TOKEN_TEXT and data[plen] != 34 and data.startswith(prefix)
+                    and data.endswith(suffix)):
                 self._tokens(1, now)
                 client = self._client_prefix
                 return data if client is None else client + data[plen:]
