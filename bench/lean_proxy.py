@@ -44,8 +44,7 @@ async def serve(upstream: str, port: int) -> None:
             kind = {"Content-Type": resp.headers.get("content-type", "application/json")}
             if resp.headers.get("content-type", "").startswith("text/event-stream"):
                 await reply.start(resp.status, kind, await resp.readany())
-                async for chunk in resp:
-                    await reply.write(chunk)
+                await resp.pipe(reply.push, reply.flush)  # as the gateway relays: from the read callback
                 await reply.end()
             else:
                 reply.send(resp.status, kind, await resp.read())

@@ -1,12 +1,19 @@
 """One upstream response: status and headers once its head has arrived, the body as it arrives.
 
 The connection (`connection.Connection`) fills it from its parser callbacks; the proxy reads it with
-`read()`, `readany()` or `async for`. Closing it before the body's end aborts the connection.
+`read()`, `readany()` or `async for`, or has it handed over as it arrives with `pipe()`. Closing it
+before the body's end aborts the connection.
+
+Why `pipe`: reading a stream with `async for` costs, per read, a future resolved, a task woken and
+every coroutine between the task and the read resumed (about as much as the relay's own work on a
+one-token read). A pipe calls its consumer from the parser's callback instead, so a relayed stream
+wakes its task only when the client is slower than the upstream, or at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 from .errors import UpstreamClientError, UpstreamProtocolError
@@ -20,8 +27,8 @@ HIGH_WATER_BYTES: Final = 256 * 1024  # buffered and unread: past this, reading 
 class UpstreamResponse:
     """Header names are lower-cased; the body is buffered only until it is read."""
 
-    __slots__ = ("_chunks", "_conn", "_eof", "_exc", "_headers", "_raw_headers", "_size", "_waiter", "head",
-                 "keep_alive", "status")
+    __slots__ = ("_chunks", "_conn", "_consume", "_consume_error", "_eof", "_exc", "_full", "_headers", "_raw_headers",
+                 "_size", "_waiter", "head", "keep_alive", "status")
 
     def __init__(self, conn: Connection, head: asyncio.Future[None]) -> None:
         self.status = 0  # 0 until the final (non-1xx) head has arrived
@@ -35,6 +42,9 @@ class UpstreamResponse:
         self._eof = False  # nothing more will arrive
         self._exc: UpstreamClientError | None = None  # raised once the buffered bytes are read
         self._waiter: asyncio.Future[None] | None = None
+        self._consume: Callable[[bytes], bool] | None = None  # a running `pipe`'s consumer
+        self._consume_error: Exception | None = None  # what it raised
+        self._full = False  # it returned True: the pipe awaits `flush` before it consumes more
 
     @property
     def headers(self) -> dict[str, str]:
@@ -99,6 +109,46 @@ class UpstreamResponse:
             conn.resume()
         return data
 
+    async def pipe(self, consume: Callable[[bytes], bool], flush: Callable[[], Awaitable[None]]) -> None:
+        """Hand the rest of the body to `consume` as it arrives, from the connection's callback, until
+        its end. When `consume` returns True (its client is full), it gets nothing more until
+        `flush()` has returned (meanwhile the body is buffered, and reading pauses past the high-water
+        mark). Raises what failed the response, or what `consume` raised; either, or a cancellation,
+        closes the response."""
+        try:
+            while True:
+                if self._chunks:  # arrived before the pipe began, or while it waited for `flush`
+                    chunks = self._chunks
+                    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                    chunks.clear()
+                    self._size = 0
+                    conn = self._conn
+                    if conn is not None and conn.paused:
+                        conn.resume()
+                    if consume(data):
+                        await flush()
+                    continue
+                if self._exc is not None:
+                    raise self._exc
+                if self._eof:
+                    return
+                self._consume = consume
+                self._waiter = self.head.get_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                    self._consume = None
+                error, self._consume_error = self._consume_error, None
+                if error is not None:
+                    raise error
+                if self._full:
+                    self._full = False
+                    await flush()
+        except BaseException:
+            self.close()
+            raise
+
     def close(self) -> None:
         """Release the response. Before the body's end this aborts the connection."""
         conn, self._conn = self._conn, None
@@ -125,9 +175,21 @@ class UpstreamResponse:
             self.head.set_result(None)
 
     def feed(self, body: bytes) -> int:
-        """Buffer body bytes; returns how many are buffered and unread."""
+        """Buffer body bytes, or hand them to a running pipe's consumer; returns how many are
+        buffered and unread."""
         if not body:  # a reader takes b"" for the end
             return self._size
+        consume = self._consume
+        if consume is not None:
+            try:
+                if not consume(body):
+                    return 0
+                self._full = True
+            except Exception as exc:  # never into the parser: the pipe raises it
+                self._consume_error = exc
+            self._consume = None
+            self._wake()
+            return 0
         self._chunks.append(body)
         self._size += len(body)
         self._wake()

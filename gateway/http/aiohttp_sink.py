@@ -11,6 +11,7 @@ class AiohttpSink:
     def __init__(self, request: web.Request) -> None:
         self._request = request
         self.response: web.StreamResponse | None = None
+        self._pending: list[bytes] = []
 
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.response = web.Response(status=status, body=body, headers=headers)
@@ -24,6 +25,15 @@ class AiohttpSink:
     async def write(self, data: bytes) -> None:
         assert self.response is not None
         await self.response.write(data)
+
+    def push(self, data: bytes) -> bool:
+        self._pending.append(data)  # aiohttp writes only when awaited: `flush` sends it
+        return True
+
+    async def flush(self) -> None:
+        assert self.response is not None
+        pending, self._pending = self._pending, []
+        await self.response.write(b"".join(pending))
 
     async def end(self) -> None:
         assert self.response is not None

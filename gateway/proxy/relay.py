@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from backends.base import Endpoint, ErrorBody, UpstreamFormatError
+from backends.base import Endpoint, ErrorBody, StreamTranslator, UpstreamFormatError
 
 from .. import json_codec
 from ..errors import BackendError, BackendProtocolError, BackendTimeout, BadGateway
@@ -53,6 +53,25 @@ def _response_id(body: bytes) -> str | None:
         return None
     rid = obj.get("id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, str) else None
+
+
+class Piped:
+    """One stream's per-read step, called by `UpstreamResponse.pipe` as the upstream's bytes arrive:
+    translated if the runtime needs it, relayed (measured, model renamed), pushed to the client.
+    Returns True when the client is full (the pipe then waits for it)."""
+
+    def __init__(self, relay: StreamRelay, translator: StreamTranslator | None, sink: ResponseSink,
+                 clock: Callable[[], float]) -> None:
+        self._relay = relay
+        self._translator = translator
+        self._sink = sink
+        self._clock = clock
+
+    def consume(self, data: bytes) -> bool:
+        if self._translator is not None:
+            data = self._translator.feed(data)
+        out = self._relay.feed(data, self._clock())
+        return self._sink.push(out) if out else False
 
 
 class Relay:
@@ -101,18 +120,10 @@ class Relay:
                 await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), relay.feed(first, clock()))
                 remaining = self._timeouts.total_s - (clock() - ex.started)
                 with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
-                    # per read: one call into the relay and one write (a ConnectionError from the
-                    # write is the client gone: it passes the error mapping untouched)
-                    if translator is None:
-                        async for data in opened.resp:
-                            out = relay.feed(data, clock())
-                            if out:
-                                await sink.write(out)
-                    else:
-                        async for data in opened.resp:
-                            out = relay.feed(translator.feed(data), clock())
-                            if out:
-                                await sink.write(out)
+                    # per read, from the upstream connection's callback: one call into the relay and
+                    # one write (a ConnectionError from the write is the client gone: it passes the
+                    # error mapping untouched)
+                    await opened.resp.pipe(Piped(relay, translator, sink, clock).consume, sink.flush)
                 tail = relay.feed(translator.close(), clock()) if translator is not None else b""
                 tail += relay.close(clock())
                 if tail:

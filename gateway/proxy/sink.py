@@ -4,8 +4,10 @@ enters (or is refused before it could).
 The proxy does not know which HTTP server carries the response: the native front
 (`http.native_front.NativeSink`) on the hot path, or aiohttp (`http.aiohttp_sink.AiohttpSink`) for a
 generation request on a connection aiohttp already owns. A response is either sent whole (`send`) or
-streamed (`start` with the first bytes, `write`..., `end`); `start` and `write` raise
-`ConnectionError` once the client has gone.
+streamed (`start` with the first bytes, `write`..., `end`); `start`, `write` and `push` raise
+`ConnectionError` once the client has gone. `push` is `write` for a caller that cannot await (the
+relay's per-read callback, `client.UpstreamResponse.pipe`): it writes now, or keeps the bytes, and
+says whether the caller must `await flush()` before pushing more.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ class ResponseSink(Protocol):
     async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None: ...
 
     async def write(self, data: bytes) -> None: ...
+
+    def push(self, data: bytes) -> bool:
+        """Write `data` without waiting; True when `flush` must be awaited before the next push (the
+        client reads slower than bytes arrive, or this sink only writes when awaited)."""
+        ...
+
+    async def flush(self) -> None: ...
 
     async def end(self) -> None: ...
 

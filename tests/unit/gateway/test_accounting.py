@@ -41,9 +41,16 @@ class Sink:
             raise self.error
 
     async def write(self, data: bytes) -> None:
+        self.push(data)
+
+    def push(self, data: bytes) -> bool:
         self.writes += 1
         if self.fail_on == "write" and self.writes > self.after_writes:
             raise self.error
+        return False
+
+    async def flush(self) -> None:
+        pass
 
     async def end(self) -> None:
         if self.fail_on == "end":

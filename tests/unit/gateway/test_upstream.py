@@ -341,6 +341,104 @@ async def test_slow_reader_pauses_the_socket_then_gets_every_byte(serve: Serve, 
     assert pool.idle(up.origin) == 1
 
 
+async def test_pipe_hands_each_piece_over_from_the_read_callback_then_returns_at_the_end(
+    serve: Serve, pool: UpstreamPool
+) -> None:
+    first_seen = asyncio.Event()
+
+    async def handler(reader: Reader, writer: Writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + chunk(b"data: one\n\n"))
+        await first_seen.wait()  # the second event exists only after the consumer has the first
+        writer.write(chunk(b"data: two\n\n") + b"0\r\n\r\n")
+
+    up = await serve(handler)
+    resp = await pool.request(up.origin, "POST", "/", {})
+    got: list[bytes] = []
+    flushes = 0
+
+    def consume(data: bytes) -> bool:
+        got.append(data)
+        first_seen.set()
+        return False
+
+    async def flush() -> None:
+        nonlocal flushes
+        flushes += 1
+
+    async with asyncio.timeout(5):
+        await resp.pipe(consume, flush)
+    assert (b"".join(got), flushes, resp.done, pool.idle(up.origin)) == (b"data: one\n\ndata: two\n\n", 0, True, 1)
+
+
+async def test_pipe_waits_for_flush_when_the_consumer_is_full_and_loses_nothing(
+    serve: Serve, pool: UpstreamPool
+) -> None:
+    piece = bytes(range(256)) * 64  # 16 KiB
+    pieces = 64
+
+    async def handler(reader: Reader, writer: Writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        for _ in range(pieces):
+            writer.write(chunk(piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # keep the connection open: the pool keeps it
+
+    up = await serve(handler)
+    resp = await pool.request(up.origin, "POST", "/", {})
+    got: list[bytes] = []
+    flushing = False
+    during_flush: list[bytes] = []
+
+    def consume(data: bytes) -> bool:
+        (during_flush if flushing else got).append(data)
+        return True  # always full: every piece must wait for a flush
+
+    async def flush() -> None:
+        nonlocal flushing
+        flushing = True
+        await asyncio.sleep(0)  # let the socket deliver while the consumer is full
+        flushing = False
+
+    async with asyncio.timeout(10):
+        await resp.pipe(consume, flush)
+    assert (during_flush, b"".join(got) == piece * pieces, pool.idle(up.origin)) == ([], True, 1)
+
+
+@pytest.mark.parametrize("fails", ["consumer", "upstream", "cancelled"])
+async def test_pipe_raises_what_failed_and_closes_the_response(serve: Serve, pool: UpstreamPool, fails: str) -> None:
+    async def handler(reader: Reader, writer: Writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + chunk(b"data: one\n\n"))
+        if fails == "upstream":
+            writer.write(b"5\r\nab")
+            writer.close()
+            return
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the gateway side closes
+
+    up = await serve(handler)
+    resp = await pool.request(up.origin, "POST", "/", {})
+
+    def consume(data: bytes) -> bool:
+        if fails == "consumer":
+            raise ConnectionResetError("client gone")
+        return False
+
+    async def flush() -> None:
+        pass
+
+    expected: type[BaseException] = {"consumer": ConnectionResetError, "upstream": UpstreamProtocolError,
+                                      "cancelled": TimeoutError}[fails]
+    with pytest.raises(expected):
+        async with asyncio.timeout(0.5 if fails == "cancelled" else 5):
+            await resp.pipe(consume, flush)
+    assert (resp.done, pool.idle(up.origin)) == (True, 0)
+
+
 # -- the pool ----------------------------------------------------------------------------------
 
 
