@@ -100,14 +100,7 @@ class UpstreamResponse:
                 raise
             finally:
                 self._waiter = None
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._size = 0
-        conn = self._conn
-        if conn is not None and conn.paused:
-            conn.resume()
-        return data
+        return self._take()
 
     async def pipe(self, consume: Callable[[bytes], bool], flush: Callable[[], Awaitable[None]]) -> None:
         """Hand the rest of the body to `consume` as it arrives, from the connection's callback, until
@@ -118,14 +111,7 @@ class UpstreamResponse:
         try:
             while True:
                 if self._chunks:  # arrived before the pipe began, or while it waited for `flush`
-                    chunks = self._chunks
-                    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                    chunks.clear()
-                    self._size = 0
-                    conn = self._conn
-                    if conn is not None and conn.paused:
-                        conn.resume()
-                    if consume(data):
+                    if consume(self._take()):
                         await flush()
                     continue
                 if self._exc is not None:
@@ -148,6 +134,17 @@ class UpstreamResponse:
         except BaseException:
             self.close()
             raise
+
+    def _take(self) -> bytes:
+        """Everything buffered (there is something), and reading resumed if it had paused."""
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
+        return data
 
     def close(self) -> None:
         """Release the response. Before the body's end this aborts the connection."""

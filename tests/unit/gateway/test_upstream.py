@@ -278,16 +278,21 @@ async def test_connection_close_response_is_not_pooled(serve: Serve, pool: Upstr
 # -- streaming ---------------------------------------------------------------------------------
 
 
-async def test_readany_returns_each_sse_event_as_it_arrives(serve: Serve, pool: UpstreamPool) -> None:
-    first_seen = asyncio.Event()
+def two_events(first_seen: asyncio.Event) -> Handler:
+    """A stream of two events; the second exists only after the client has the first."""
 
     async def handler(reader: Reader, writer: Writer) -> None:
         await read_request(reader)
         writer.write(CHUNKED_HEAD + chunk(b"data: one\n\n"))
-        await first_seen.wait()  # the second event exists only after the client has the first
+        await first_seen.wait()
         writer.write(chunk(b"data: two\n\n") + b"0\r\n\r\n")
 
-    up = await serve(handler)
+    return handler
+
+
+async def test_readany_returns_each_sse_event_as_it_arrives(serve: Serve, pool: UpstreamPool) -> None:
+    first_seen = asyncio.Event()
+    up = await serve(two_events(first_seen))
     resp = await pool.request(up.origin, "POST", "/", {})
     assert await resp.readany() == b"data: one\n\n"
     first_seen.set()
@@ -345,14 +350,7 @@ async def test_pipe_hands_each_piece_over_from_the_read_callback_then_returns_at
     serve: Serve, pool: UpstreamPool
 ) -> None:
     first_seen = asyncio.Event()
-
-    async def handler(reader: Reader, writer: Writer) -> None:
-        await read_request(reader)
-        writer.write(CHUNKED_HEAD + chunk(b"data: one\n\n"))
-        await first_seen.wait()  # the second event exists only after the consumer has the first
-        writer.write(chunk(b"data: two\n\n") + b"0\r\n\r\n")
-
-    up = await serve(handler)
+    up = await serve(two_events(first_seen))
     resp = await pool.request(up.origin, "POST", "/", {})
     got: list[bytes] = []
     flushes = 0
