@@ -3,6 +3,7 @@ merges every live replica's windows; each replica's own view stays the default."
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from typing import Any
@@ -61,8 +62,9 @@ def test_the_fleet_view_merges_every_replica_and_the_default_stays_local(
     assert v["cost"]["usd_per_million_output_tokens"] == (10.0 / (3600 * tps) * 1e6 if tps else None)
     assert compare(a)["total"]["requests"] == 5  # each replica's own view is still its own
     assert compare(a, "everything")["error"]["param"] == "scope"
-    for window in (300, 3600):
-        assert compare(b, "fleet", window)["total"]["requests"] == 21
+    for window in (300, 3600):  # another replica's view: its data on the others is up to an interval old
+        wait_for(functools.partial(compare, b, "fleet", window), lambda d: d["total"]["requests"] == 21,
+                 timeout=20, what=f"all 21 requests in b's fleet view over {window} s")
     # the CLI: the same document as tables
     cli = subprocess.run([sys.executable, "-m", "gateway", "compare", "--url", b.url, "--scope", "fleet"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
