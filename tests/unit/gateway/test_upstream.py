@@ -322,9 +322,9 @@ async def test_close_mid_stream_closes_the_upstream_connection(serve: Serve, poo
         await resp.read()
 
 
-async def test_slow_reader_pauses_the_socket_then_gets_every_byte(serve: Serve, pool: UpstreamPool) -> None:
-    piece = bytes(range(256)) * 256  # 64 KiB
-    pieces = 64  # 4 MiB: more than the response buffer and the kernel's socket buffers together
+def chunks_of(piece: bytes, pieces: int, *, hold: bool = False) -> Handler:
+    """A chunked body of `pieces` copies of `piece`, written as fast as the client reads; with `hold`
+    the connection then stays open until the client closes it."""
 
     async def handler(reader: Reader, writer: Writer) -> None:
         await read_request(reader)
@@ -333,8 +333,17 @@ async def test_slow_reader_pauses_the_socket_then_gets_every_byte(serve: Serve, 
             writer.write(chunk(piece))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
+        if hold:
+            with contextlib.suppress(ConnectionError):
+                await reader.read()
 
-    up = await serve(handler)
+    return handler
+
+
+async def test_slow_reader_pauses_the_socket_then_gets_every_byte(serve: Serve, pool: UpstreamPool) -> None:
+    piece = bytes(range(256)) * 256  # 64 KiB
+    pieces = 64  # 4 MiB: more than the response buffer and the kernel's socket buffers together
+    up = await serve(chunks_of(piece, pieces))
     resp = await pool.request(up.origin, "POST", "/", {})
     conn = resp._conn
     assert conn is not None
@@ -374,18 +383,7 @@ async def test_pipe_waits_for_flush_when_the_consumer_is_full_and_loses_nothing(
 ) -> None:
     piece = bytes(range(256)) * 64  # 16 KiB
     pieces = 64
-
-    async def handler(reader: Reader, writer: Writer) -> None:
-        await read_request(reader)
-        writer.write(CHUNKED_HEAD)
-        for _ in range(pieces):
-            writer.write(chunk(piece))
-            await writer.drain()
-        writer.write(b"0\r\n\r\n")
-        with contextlib.suppress(ConnectionError):
-            await reader.read()  # keep the connection open: the pool keeps it
-
-    up = await serve(handler)
+    up = await serve(chunks_of(piece, pieces, hold=True))  # held open: the pool keeps the connection
     resp = await pool.request(up.origin, "POST", "/", {})
     got: list[bytes] = []
     flushing = False
