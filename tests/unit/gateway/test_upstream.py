@@ -396,7 +396,7 @@ async def test_pipe_waits_for_flush_when_the_consumer_is_full_and_loses_nothing(
     async def flush() -> None:
         nonlocal flushing
         flushing = True
-        await asyncio.sleep(0)  # let the socket deliver while the consumer is full
+        await until(lambda: bool(resp._chunks) or resp._eof)  # more arrives (buffered) while it is full
         flushing = False
 
     async with asyncio.timeout(10):
