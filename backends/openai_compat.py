@@ -228,7 +228,7 @@ def _model_keys(old: str, new: str) -> tuple[tuple[bytes, bytes], ...]:
     if keys is None:
         if len(_MODEL_KEYS) >= 256:  # names come from backends' answers: never let them grow it unbounded
             _MODEL_KEYS.clear()
-        quoted_old, quoted_new = orjson.dumps(old), orjson.dumps(new)
+        quoted_old, quoted_new = _quoted(old), _quoted(new)
         keys = _MODEL_KEYS[(old, new)] = tuple(
             (b'"model"' + sep + quoted_old, b'"model"' + sep + quoted_new) for sep in (b":", b": ")
         )
