@@ -1,7 +1,7 @@
 """Backend discovery: pools of backends found in DNS or Kubernetes, followed while the gateway runs.
 
-Imports nothing of the gateway but its JSON codec and `backends.base.Runtime`; the composition root
-wires it to the pool through `gateway.state.membership`. The pieces:
+Imports nothing of the gateway but its JSON codec, its retry rule (`gateway.retrying`) and
+`backends.base.Runtime`; the composition root wires it to the pool through `gateway.state.membership`. The pieces:
 
 - config.py: the `discovery:` config entries (mounted as `Settings.discovery`).
 - source.py: the `Source` contract, `changes()` (the one loop that counts and yields changes) and
@@ -12,11 +12,12 @@ wires it to the pool through `gateway.state.membership`. The pieces:
 - factory.py: `make_source(entry)`.
 """
 
+from ..retrying import Backoff
 from .config import DiscoveryEntry, DnsDiscovery, KubernetesDiscovery
 from .endpoints import DiscoveredBackend, Endpoint, backends_of
 from .factory import make_source
 from .metrics import DiscoveryMetrics
-from .source import Backoff, Change, Failed, Observation, Resolved, Source, changes, run
+from .source import Change, Failed, Observation, Resolved, Source, changes, run
 
 __all__ = [
     "Backoff",

@@ -37,8 +37,9 @@ import dns.rdatatype
 import dns.resolver
 from dns.rdtypes.IN.SRV import SRV
 
+from ..retrying import Backoff
 from .endpoints import Endpoint
-from .source import Backoff, Clock, Failed, Observation, Resolved, Sleep
+from .source import Clock, Failed, Observation, Resolved, Sleep
 
 
 class DnsError(Exception):

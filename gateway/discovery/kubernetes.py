@@ -48,6 +48,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, DiscoveryV1Api
 from kubernetes_asyncio.client.exceptions import OpenApiException
 
 from .. import json_codec
+from ..retrying import Backoff
 from .kubernetes_auth import Credentials, CredentialsError
 from .kubernetes_objects import (
     ApiStatusError,
@@ -62,7 +63,7 @@ from .kubernetes_objects import (
     slice_endpoints,
     status_error,
 )
-from .source import Backoff, Clock, Failed, Observation, Resolved, Sleep
+from .source import Clock, Failed, Observation, Resolved, Sleep
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ListCall = Callable[..., Awaitable[aiohttp.ClientResponse]]

@@ -28,7 +28,6 @@ the way out:
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -67,22 +66,6 @@ class Source(Protocol):
     def name(self) -> str: ...
 
     def observe(self) -> AsyncGenerator[Observation, None]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: `initial_s * multiplier**(failures-1)`, capped at `max_s`,
-    then shortened by up to `jitter` of itself (so that replicas that failed together spread out)."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    def delay(self, failures: int, rng: random.Random) -> float:
-        exponent = min(max(failures, 1) - 1, 64)
-        base = min(self.max_s, self.initial_s * self.multiplier**exponent)
-        return base * (1.0 - self.jitter * rng.random())
 
 
 @dataclass(frozen=True, slots=True)
