@@ -38,10 +38,14 @@ async def test_retries_with_doubling_capped_waits_until_success() -> None:
 
 async def test_other_exceptions_end_the_loop_at_once() -> None:
     sleeps = Sleeps()
-    with pytest.raises(KeyError):
+
+    async def loop() -> None:
         async for attempt in forever(wait=Backoff(), sleep=sleeps, retry_on=ConnectionError):
             with attempt:
                 raise KeyError("not a retryable failure")
+
+    with pytest.raises(KeyError):
+        await loop()
     assert sleeps.asked == []
 
 
