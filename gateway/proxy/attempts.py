@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -116,6 +116,14 @@ def exhausted(exc: BackendError) -> GatewayError:
     return BadGateway(f"The backend failed: {exc.detail or type(exc).__name__}")
 
 
+def no_healthy_backend(pool: Pool, opening: str, names: Sequence[str], now: float) -> NoHealthyBackend:
+    """The 503 for a request none of whose backends (`names`) takes requests: the message says why
+    each one is out (an ejected one with what ejected it and its last failure); Retry-After is
+    when the first ejection ends."""
+    why, retry_s = pool.unavailable(names, now)
+    return NoHealthyBackend(f"{opening}: {why}.", retry_after_s=math.ceil(retry_s))
+
+
 class Attempts:
     def __init__(
         self,
@@ -168,7 +176,8 @@ class Attempts:
         if decision is None:
             if ex.error is not None:
                 raise exhausted(ex.error)
-            raise NoHealthyBackend(f"No healthy backend for model `{route.config.model}`.")
+            raise no_healthy_backend(self._pool, f"No healthy backend for model `{route.config.model}`", candidates,
+                                     self._clock())
         if count:
             self._recorder.decision(route.config.model, route.policy.name, decision.reason)
         if decision.reject:
