@@ -74,3 +74,27 @@ def test_a_503_caused_by_ejection_names_the_backend_and_its_last_failure(
     assert message.startswith("No healthy backend for model `m`: ")
     assert "`failing` is ejected (2 consecutive failures; last failure: status 500) for " in message
     assert "`stopping` fails its health probe" in message
+
+
+def test_a_503_after_the_last_backend_refused_names_the_ejected_others(
+    emulators: Emulators, gateway: StartGateway
+) -> None:
+    """The other backend stopped before a probe noticed (probes every 30 s): the request finds it
+    refusing connections, and the 503 says why it had nowhere else to go."""
+    failing = emulators.start("vllm", fail_rate=1.0, fail_status=500)
+    stopping = emulators.start("vllm")
+    gw = gateway(
+        [backend_entry("failing", failing, "vllm"), backend_entry("stopping", stopping, "vllm")],
+        routes=[{"model": "m", "backends": ["failing", "stopping"], "policy": "round_robin"}],
+        health={"interval_s": 30.0, "failure_threshold": 2, "cooldown_s": 60.0},
+    )
+    statuses = [chat(gw, "m").status_code for _ in range(4)]
+    assert statuses.count(500) == 2
+    assert gw.metric("gateway_backend_ejections_total", backend="failing") == 1
+    emulators.stop(stopping)
+    resp = chat(gw, "m")
+    assert resp.status_code == 503
+    assert resp.headers["Retry-After"] == "1"  # the refusing one may be back any moment
+    message = str(assert_openai_error(resp.json())["message"])
+    assert message.startswith("No backend could be reached (`stopping`: ")
+    assert "`failing` is ejected (2 consecutive failures; last failure: status 500) for " in message
