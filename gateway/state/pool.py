@@ -123,8 +123,8 @@ class Pool:
         sets: Iterable[CandidateSet] | None = None,
     ) -> None:
         """`groups`: the discovery pools routes may name (members are the states whose `source` is one).
-        `sets`: the candidate sets requests choose from (`candidate_sets` of the routes); None: the
-        whole pool is one set."""
+        `sets`: the candidate sets requests choose from (`candidate_sets` of the routes; a backend in
+        none gets no requests and is not guarded); None: the whole pool is one set."""
         self._states = {s.name: s for s in states}
         self.rules = rules if rules is not None else OutlierRules()
         self._sets = list(sets) if sets is not None else None
