@@ -55,7 +55,7 @@ from .state.generations import Generation, Generations, LivePool
 from .state.health import HealthPoller, Poller
 from .state.membership import Membership
 from .state.outliers import OutlierRules
-from .state.pool import BackendState, Pool
+from .state.pool import BackendState, Pool, candidate_sets
 from .state.reload import Reloader
 from .state.splits import Splits
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
@@ -102,7 +102,8 @@ def build_pool(
         consecutive=h.failure_threshold, failure_rate=h.failure_rate, window_s=h.window_s, min_requests=h.min_requests,
         base_ejection_s=h.cooldown_s, max_ejection_s=h.max_ejection_s, max_ejected_share=h.max_ejected_share,
     )
-    return Pool(states, rules=rules, groups=[e.name for e in settings.discovery])
+    # the outlier guards are judged per route and per arm (the sets requests choose from)
+    return Pool(states, rules=rules, groups=[e.name for e in settings.discovery], sets=candidate_sets(settings.routes))
 
 
 @dataclass

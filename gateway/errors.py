@@ -6,7 +6,9 @@ GatewayError                      anything the client sees as an OpenAI error bo
 ├── HeadersTooLarge     431       a request line, header field or header section over its limit
 ├── ModelNotFound       404       model_not_found (also: a model the client's key may not use)
 ├── Unauthorized        401       invalid_api_key / invalid_admin_token
-├── Forbidden           403       admin writes with no admin token on a non-loopback listener
+├── Forbidden           403       admin writes with no admin token on a non-loopback listener, or
+│                                 from a foreign Origin; admin reads through a foreign Host
+├── UnsupportedMediaType 415      an admin write whose body is not typed application/json
 ├── RateLimited         429       rate_limit_exceeded, with Retry-After
 ├── RequestTimeout      408       headers or body not received in time
 ├── NoHealthyBackend    503       with Retry-After
@@ -199,6 +201,12 @@ class Forbidden(GatewayError):
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class RateLimited(GatewayError):

@@ -236,7 +236,7 @@ class Health(_Strict):
     min_requests: Annotated[int, Field(ge=1)] = 10  # judged requests in the window before the rate counts
     cooldown_s: Annotated[float, Field(gt=0)] = 5.0  # the first ejection's length; the n-th lasts n times it
     max_ejection_s: Annotated[float, Field(gt=0)] = 300.0
-    max_ejected_share: Annotated[float, Field(gt=0, le=1)] = 0.5  # of the fleet at once (never the last)
+    max_ejected_share: Annotated[float, Field(gt=0, le=1)] = 0.5  # of each route's and arm's backends (never its last)
 
 
 class Limits(_Strict):

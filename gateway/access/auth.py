@@ -12,6 +12,12 @@ method but GET and HEAD: reload, live weights) are refused with 403 unless every
 listens on is a loopback one (`admin_writes_open`, set by the composition root once it is bound): a
 gateway started with `--host 0.0.0.0` (the container image's default) cannot be reconfigured by
 whoever reaches its port.
+
+Against the operator's own browser (`access.browsers`): every admin write must be typed
+`application/json` (415) and come from no foreign `Origin` (403 `foreign_origin`); without an admin
+token, `/admin` and `/dashboard` answer only a `Host` naming loopback or an IP address (403
+`untrusted_host`, not 421: the same request is served once a token is configured, so the refusal is
+about who asks, not about where it was sent).
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from backends.base import Endpoint
 
-from ..errors import Forbidden, RateLimited, Unauthorized
+from ..errors import Forbidden, RateLimited, Unauthorized, UnsupportedMediaType
 from ..observability.outcome import Outcome
 from ..settings import ApiKey
 from ..state.generations import Generations
+from .browsers import json_typed, local_host, same_origin
 from .ratelimit import Limiter, exact_wait_s, rate_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -162,20 +169,43 @@ class Guard:
 
     def check_admin(self, path: str, headers: Mapping[str, str], *, method: str = "GET") -> None:
         admin_digest = self._generations.current.secrets.admin_digest
+        write = method not in READ_METHODS
         if admin_digest is None:
-            if method not in READ_METHODS and not self.admin_writes_open:
+            if not local_host(headers.get("host")):
+                raise Forbidden(
+                    "Without an admin token, /admin and /dashboard answer only requests addressed to "
+                    "localhost or an IP address (this one names another host: DNS rebinding?). Use "
+                    "http://127.0.0.1:PORT, or configure `auth.admin_token_sha256`.",
+                    code="untrusted_host",
+                )
+            if write and not self.admin_writes_open:
                 raise Forbidden(
                     "Admin writes are disabled: no admin token is configured and the gateway listens on a "
                     "non-loopback address. Configure `auth.admin_token_sha256` (or `auth.admin_token_file`), "
                     "or listen on loopback only (127.0.0.1 or ::1).",
                     code="admin_token_required",
                 )
-            return
-        token = admin_credential(headers)
-        if token is None or not hmac.compare_digest(_digest(token), admin_digest.encode()):
-            raise Unauthorized(
-                "A valid admin token is required (Authorization: Bearer, or Basic with the token "
-                "as the password).",
-                code="invalid_admin_token",
-                challenge='Basic realm="gateway admin"' if path.startswith("/dashboard") else None,
-            )
+        else:
+            token = admin_credential(headers)
+            if token is None or not hmac.compare_digest(_digest(token), admin_digest.encode()):
+                raise Unauthorized(
+                    "A valid admin token is required (Authorization: Bearer, or Basic with the token "
+                    "as the password).",
+                    code="invalid_admin_token",
+                    challenge='Basic realm="gateway admin"' if path.startswith("/dashboard") else None,
+                )
+        if write:
+            check_admin_write(headers)
+
+
+def check_admin_write(headers: Mapping[str, str]) -> None:
+    """What a browser page cannot fake on another site's behalf: a JSON body type (a cross-site one
+    needs a CORS preflight, never approved here) and the gateway's own `Origin`, when one is sent."""
+    origin = headers.get("origin")
+    if origin is not None and not same_origin(origin, headers.get("host")):
+        raise Forbidden(f"Admin writes from another origin ({origin[:100]}) are refused.", code="foreign_origin")
+    if not json_typed(headers):
+        raise UnsupportedMediaType(
+            "Admin writes must be sent with `Content-Type: application/json` (a body-less POST too).",
+            param="content-type",
+        )

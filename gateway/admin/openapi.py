@@ -18,6 +18,7 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "invalid request", 401: "missing or invalid API key", 404: "unknown model",
+            403: "refused (admin without a token: a Host other than localhost or an IP address)",
             408: "request not received in time", 413: "body too large", 429: "rate limited (Retry-After)",
             431: "request line, a header field or the header section too large",
             502: "backend answered garbage", 503: "no healthy backend (Retry-After)", 504: "backend timed out"}
@@ -129,7 +130,7 @@ DOCUMENT: dict[str, Any] = {
         "/ready": {"get": {"operationId": "ready", "security": [{}], "responses": {
             "200": {"description": "a backend is healthy"}, "503": {"description": "none is"}}}},
         "/admin/backends": {"get": {"operationId": "adminBackends", "responses": {
-            "200": {"description": "backend states"}, **_errors(401)}}},
+            "200": {"description": "backend states"}, **_errors(401, 403)}}},
     },
 }
 

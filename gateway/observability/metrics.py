@@ -109,7 +109,7 @@ class Recorder:
             ("backend", "runtime"))
         self.ejections_spared = counter(
             "gateway_backend_ejections_spared",
-            "Ejections the rules called for but the fleet cap refused (max_ejected_share, or the last backend).",
+            "Ejections the rules called for but a route's or arm's guard refused (last backend, max_ejected_share).",
             ("backend", "runtime"))
         self.decisions = counter(
             "gateway_routing_decisions", "Routing decisions by route, policy and reason.",

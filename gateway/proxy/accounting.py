@@ -57,7 +57,7 @@ class Accounting:
             self._recorder.ejected(state.name, state.runtime)
             self._routing.forget(state.name)  # whatever it cached may be gone by the time it returns
         elif verdict.spared:
-            log.warning("backend %s not ejected (%s): the fleet cap keeps it in", state.name, verdict.reason)
+            log.warning("backend %s not ejected: %s", state.name, verdict.reason)  # "..., but route `m` would ..."
             self._recorder.ejection_spared(state.name, state.runtime)
 
     def finish(self, ex: Exchange) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -116,6 +116,16 @@ def exhausted(exc: BackendError) -> GatewayError:
     return BadGateway(f"The backend failed: {exc.detail or type(exc).__name__}")
 
 
+def no_healthy_backend(
+    pool: Pool, opening: str, names: Sequence[str], now: float, *, retry_after_s: int | None = None
+) -> NoHealthyBackend:
+    """The 503 for a request none of whose backends (`names`) takes requests: the message says why
+    each one is out (an ejected one with what ejected it and its last failure); Retry-After is
+    when the first ejection ends, unless given."""
+    why, retry_s = pool.unavailable(names, now)
+    return NoHealthyBackend(f"{opening}: {why}.", retry_after_s=retry_after_s or math.ceil(retry_s))
+
+
 class Attempts:
     def __init__(
         self,
@@ -166,9 +176,15 @@ class Attempts:
         req = RouteRequest(route.config.model, next(route.seq), frozenset(ex.tried), ex.features)
         decision = decide(route.policy, req, snapshot, self._rng)
         if decision is None:
-            if ex.error is not None:
-                raise exhausted(ex.error)
-            raise NoHealthyBackend(f"No healthy backend for model `{route.config.model}`.")
+            error = ex.error
+            if error is not None:
+                rest = [n for n in candidates if n not in ex.tried]
+                if isinstance(error, BackendConnectError) and rest:  # the others are out: say why
+                    opening = f"No backend could be reached (`{error.backend}`: {error.detail or 'no connection'})"
+                    raise no_healthy_backend(self._pool, opening, rest, self._clock(), retry_after_s=1)
+                raise exhausted(error)
+            raise no_healthy_backend(self._pool, f"No healthy backend for model `{route.config.model}`", candidates,
+                                     self._clock())
         if count:
             self._recorder.decision(route.config.model, route.policy.name, decision.reason)
         if decision.reject:

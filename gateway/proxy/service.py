@@ -20,7 +20,7 @@ from backends.capabilities import Feature
 from backends.responses_chat import chat_view
 
 from ..client import UpstreamPool
-from ..errors import InvalidRequest, ModelNotFound, NoHealthyBackend
+from ..errors import InvalidRequest, ModelNotFound
 from ..observability.metrics import Recorder
 from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
 from ..routing.capabilities import needs
@@ -32,7 +32,7 @@ from ..state.pool import Pool
 from ..state.splits import Splits
 from ..tokenize import PromptTokenizer
 from .accounting import Accounting
-from .attempts import Attempts
+from .attempts import Attempts, no_healthy_backend
 from .capable import Capabilities
 from .deadlines import Deadlines
 from .exchange import Exchange
@@ -201,7 +201,8 @@ class Proxy:
             excluded = "endpoint"
         choice = split.choose(sticky, healthy, self._rng)
         if choice is None:
-            raise NoHealthyBackend(f"No arm of `{route.config.model}` has a healthy backend.")
+            raise no_healthy_backend(self.pool, f"No arm of `{route.config.model}` has a healthy backend", capable,
+                                     self._clock())
         ex.arm = choice.arm
         if excluded is not None:  # not an A/B sample: counted apart, kept out of the arms' statistics
             ex.ab_excluded = excluded

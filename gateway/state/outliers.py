@@ -9,9 +9,12 @@ The rule is Envoy's outlier detection, reduced to what we need:
   a share `failure_rate` or more failed eject;
 - the n-th ejection in a row lasts n times `base_ejection_s` (capped at `max_ejection_s`); a backend
   that stayed in for `max_ejection_s` since its last re-admission starts again at one;
-- never more than `max_ejected_share` of the fleet at once, and never the last routable backend:
-  an ejection that would break either rule is skipped (and says so), since sending traffic to a
-  failing backend beats sending it nowhere.
+- the guards, judged per candidate set (`may_eject`): a set is what one request chooses from (a
+  route's backends, an A/B arm's; Envoy's cluster), and a backend is ejected only if every set it
+  belongs to keeps a routable backend and stays within `max_ejected_share` of its members (Envoy's
+  `max_ejection_percent`, per cluster). An ejection that would break either rule in any of its sets
+  is skipped (and says so), since sending traffic to a failing backend beats sending it nowhere: the
+  only backend of a route is never ejected, and a set of n loses at most `max_ejected_share` x n.
 
 What is a failure is decided by the caller: a backend's own failure (connection failures, resets,
 5xx other than 503, broken or truncated streams, no first token in time). Client disconnects, the
@@ -72,7 +75,7 @@ class Record:
 @dataclass(slots=True, unsafe_hash=True)
 class Verdict:
     """What one judged request did to its backend: `eject` for how long, or `spared` when the rule
-    said eject but the fleet cap forbade it."""
+    said eject but a guard of one of its candidate sets forbade it (`reason` then names the set)."""
 
     eject_for_s: Final[float | None]
     spared: Final[bool]
@@ -87,37 +90,40 @@ class Verdict:
 KEEP: Final = Verdict()  # the backend stays as it is (the verdict of almost every request)
 
 
-def judge(
-    record: Record, ok: bool, now: float, rules: OutlierRules, *, ejected_others: int, fleet: int,
-    routable_others: int,
-) -> Verdict:
-    """Record one completed request's verdict and say whether its backend is to be ejected now.
-
-    `ejected_others` and `routable_others` count the rest of the fleet (`fleet` backends in all)."""
+def fault(record: Record, ok: bool, now: float, rules: OutlierRules) -> str:
+    """Record one completed request's verdict; the reason the rules would eject its backend now, or
+    "" (the answer for almost every request). An ejected backend's further failures only count."""
     record.add(ok, now, rules.window_s)
     if ok:
         record.consecutive_failures = 0
-        return KEEP
+        return ""
     record.consecutive_failures += 1
     if record.ejected_until is not None:
-        return KEEP  # already out
-    reason = ""
+        return ""  # already out
     if record.consecutive_failures >= rules.consecutive:
-        reason = f"{record.consecutive_failures} consecutive failures"
-    else:
-        judged, failed = record.totals(now, rules.window_s)
-        if judged >= rules.min_requests and failed >= rules.failure_rate * judged:
-            reason = f"{failed} of {judged} requests failed in {rules.window_s:g} s"
-    if not reason:
-        return KEEP
-    if routable_others == 0 or (ejected_others + 1) > rules.max_ejected_share * fleet:
-        return Verdict(spared=True, reason=reason)
+        return f"{record.consecutive_failures} consecutive failures"
+    judged, failed = record.totals(now, rules.window_s)
+    if judged >= rules.min_requests and failed >= rules.failure_rate * judged:
+        return f"{failed} of {judged} requests failed in {rules.window_s:g} s"
+    return ""
+
+
+def may_eject(members: int, *, ejected_others: int, routable_others: int, max_ejected_share: float) -> bool:
+    """The guards of one candidate set of `members` backends (the candidate among them), counting the
+    others: one of them stays routable, and with the candidate out at most `max_ejected_share` of the
+    set is ejected. A set of one never loses its backend. (The epsilon: 0.29 x 100 is 28.999...)"""
+    return routable_others > 0 and ejected_others + 1 <= max_ejected_share * members + 1e-9
+
+
+def eject(record: Record, now: float, rules: OutlierRules) -> float:
+    """Take the backend out: for `base_ejection_s` times its ejections in a row (capped); a backend
+    that stayed in for `max_ejection_s` since its last re-admission starts again at one."""
     if now - record.readmitted_at >= rules.max_ejection_s:
         record.ejections = 0
     record.ejections += 1
     duration = min(rules.base_ejection_s * record.ejections, rules.max_ejection_s)
     record.ejected_until = now + duration
-    return Verdict(eject_for_s=duration, reason=reason)
+    return duration
 
 
 def readmit(record: Record, now: float) -> bool:

@@ -9,6 +9,13 @@ is routable only after a passing probe; one that leaves is first *draining* (out
 once, its in-flight requests finish), then removed. Routes and A/B arms may name a discovery pool;
 `expand` replaces such a name with the pool's current members. A probe, scrape or verdict that
 arrives for a backend already removed is ignored.
+
+Backends are one set here, but requests choose from parts of it: a route's backends, an A/B arm's
+(`CandidateSet`, from the generation's settings; a set naming a discovery pool follows its members
+as they join and leave). The outlier guards ("never the last routable backend", "at most
+`max_ejected_share` ejected") are judged in each set the backend belongs to, never over the whole
+pool: with two routes of one backend each, neither backend can be ejected, although half the pool
+could be.
 """
 
 from __future__ import annotations
@@ -20,10 +27,31 @@ from typing import Final
 from backends.base import Adapter, Load
 
 from ..routing.base import BackendView, Snapshot
-from ..settings import Backend
-from .outliers import KEEP, OutlierRules, Record, Verdict, judge, readmit
+from ..settings import Backend, Route
+from .outliers import KEEP, OutlierRules, Record, Verdict, eject, fault, may_eject, readmit
 
 STATIC: Final = "static"  # the `source` of a backend from the config's `backends:` list
+NAMED: Final = 4  # backends a no-healthy-backend message describes one by one
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateSet:
+    """What one request chooses from: a route's backends, or an A/B arm's. `names` may name
+    discovery pools (`Pool.expand`); `label` names the set in messages."""
+
+    label: str
+    names: tuple[str, ...]
+
+
+def candidate_sets(routes: Iterable[Route]) -> list[CandidateSet]:
+    """Every route's candidates (all its arms' backends for a split route) and every arm's."""
+    sets = []
+    for route in routes:
+        sets.append(CandidateSet(f"route `{route.model}`", tuple(route.candidates)))
+        if route.split is not None:
+            sets += [CandidateSet(f"arm `{arm.name}` of route `{route.model}`", tuple(arm.backends))
+                     for arm in route.split.arms]
+    return sets
 
 
 @dataclass(slots=True)
@@ -39,6 +67,7 @@ class BackendState:
     load_scraped_at: float | None = None
     probed_at: float | None = None
     last_error: str | None = None
+    ejection_reason: str = ""  # what the rules saw when they last ejected it
     source: str = STATIC  # or the discovery entry that found it
     draining: bool = False  # discovery lost it: no new requests; it leaves once none is in flight
     draining_since: float | None = None
@@ -85,15 +114,20 @@ class Pool:
     """Backend states by name, plus the outlier-ejection rule (`outliers`).
 
     A backend is ejected on consecutive failures or on its failure rate over a window of completed
-    requests, for longer on each repeat; after that a passing health probe re-admits it.
+    requests, for longer on each repeat, unless that breaks a guard of one of its candidate sets;
+    after that a passing health probe re-admits it.
     """
 
     def __init__(
-        self, states: Iterable[BackendState], *, rules: OutlierRules | None = None, groups: Iterable[str] = ()
+        self, states: Iterable[BackendState], *, rules: OutlierRules | None = None, groups: Iterable[str] = (),
+        sets: Iterable[CandidateSet] | None = None,
     ) -> None:
-        """`groups`: the discovery pools routes may name (members are the states whose `source` is one)."""
+        """`groups`: the discovery pools routes may name (members are the states whose `source` is one).
+        `sets`: the candidate sets requests choose from (`candidate_sets` of the routes; a backend in
+        none gets no requests and is not guarded); None: the whole pool is one set."""
         self._states = {s.name: s for s in states}
         self.rules = rules if rules is not None else OutlierRules()
+        self._sets = list(sets) if sets is not None else None
         self._groups: dict[str, list[str]] = {g: [] for g in groups}
         for s in self._states.values():
             if s.source in self._groups and not s.draining:
@@ -190,15 +224,68 @@ class Pool:
             return KEEP
         if not ok:
             state.last_error = error
-        others = [s for s in self._states.values() if s is not state]
-        verdict = judge(
-            state.outliers, ok, now, self.rules, fleet=len(self._states),
-            ejected_others=sum(s.ejected for s in others), routable_others=sum(s.healthy for s in others),
-        )
-        if verdict.eject_for_s is not None:
-            state.ejected = True
-            state.ejections += 1
-        return verdict
+        reason = fault(state.outliers, ok, now, self.rules)
+        if not reason:
+            return KEEP
+        guard = self._guarded_by(name)
+        if guard:
+            return Verdict(spared=True, reason=f"{reason}, but {guard}")
+        state.ejected = True
+        state.ejections += 1
+        state.ejection_reason = reason
+        return Verdict(eject_for_s=eject(state.outliers, now, self.rules), reason=reason)
+
+    def _guarded_by(self, name: str) -> str:
+        """Why ejecting `name` now would break a guard of one of its candidate sets ("" when none)."""
+        states = self._states
+        if self._sets is None:
+            sets = [("the gateway", list(states))]
+        else:
+            sets = [(c.label, self.expand(c.names)) for c in self._sets]
+        share = self.rules.max_ejected_share
+        for label, names in sets:
+            members = dict.fromkeys(n for n in names if n in states)  # a backend named twice is one member
+            if name not in members:
+                continue
+            others = [states[n] for n in members if n != name]
+            routable = sum(s.healthy for s in others)
+            ejected = sum(s.ejected for s in others)
+            if not may_eject(len(members), ejected_others=ejected, routable_others=routable,
+                             max_ejected_share=share):
+                if not routable:
+                    return f"{label} would have no routable backend left"
+                return f"{label} would have more than {share:.0%} of its {len(members)} backends ejected"
+        return ""
+
+    def unavailable(self, names: Sequence[str], now: float) -> tuple[str, float]:
+        """Why none of `names` (backends) takes requests, one clause per backend (an ejected one's
+        with what ejected it and its last failure), and the seconds until the first of those
+        ejections ends (1 when one is out for another reason: a probe may bring it back any time)."""
+        clauses = []
+        back_in: float | None = None
+        other = False
+        for n in names:
+            s = self._states.get(n)
+            if s is None or s.healthy:
+                continue
+            if s.ejected:
+                left = max(0.0, (s.ejected_until or now) - now)
+                back_in = left if back_in is None else min(back_in, left)
+                clauses.append(f"`{n}` is ejected ({s.ejection_reason}; last failure: {s.last_error or 'unknown'}) "
+                               + (f"for {left:.0f} s more" if left >= 1 else "until its next passing health probe"))
+                continue
+            other = True
+            if s.draining:
+                clauses.append(f"`{n}` is leaving (its discovery no longer lists it)")
+            elif s.probed_at is None:
+                clauses.append(f"`{n}` has not passed a health probe yet")
+            else:
+                clauses.append(f"`{n}` fails its health probe ({s.last_error or 'not ready'})")
+        if not clauses:
+            text = "it has no backend yet" if not names else "none is available"
+        else:
+            text = "; ".join(clauses[:NAMED]) + (f"; and {len(clauses) - NAMED} more" if len(clauses) > NAMED else "")
+        return text, 1.0 if other or back_in is None else max(1.0, back_in)
 
     def record_probe(self, name: str, ok: bool, now: float, error: str | None = None) -> None:
         state = self._states.get(name)

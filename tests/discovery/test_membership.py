@@ -99,7 +99,7 @@ class Gateway:
 
     async def reload(self, config: dict[str, Any]) -> None:
         self.config.write_text(yaml.safe_dump(config))
-        response = await self.http.post("/admin/reload")
+        response = await self.http.post("/admin/reload", headers={"Content-Type": "application/json"})
         assert response.status_code == 200, response.text
 
 

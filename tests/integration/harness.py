@@ -28,6 +28,7 @@ from backends.emulator import EmulatorConfig, Faults, KvEventsConfig, RunningEmu
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
+AS_JSON = {"Content-Type": "application/json"}  # what every admin write sends (a body-less POST too)
 
 
 class LoopThread:
@@ -134,6 +135,13 @@ class GatewayProcess:
         return httpx.get(self.url + path, timeout=10, **kwargs)
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        """A POST typed `application/json` unless it says otherwise (a body-less one too: admin
+        writes require it, as the README's curl examples send it)."""
+        if not {"content", "data", "files", "json"} & kwargs.keys():
+            headers = dict(kwargs.pop("headers", None) or {})
+            if not any(k.lower() == "content-type" for k in headers):
+                headers.update(AS_JSON)
+            kwargs["headers"] = headers
         return httpx.post(self.url + path, timeout=30, **kwargs)
 
     def metric(self, name: str, **labels: str) -> float:

@@ -17,7 +17,7 @@ import yaml
 from gateway.access.secrets import hash_key
 
 from .fakes import RecordingBackend, start_recording_backend
-from .harness import ROOT, Emulators, GatewayProcess, LoopThread, backend_entry
+from .harness import AS_JSON, ROOT, Emulators, GatewayProcess, LoopThread, backend_entry
 from .test_errors import assert_openai_error
 
 StartGateway = Callable[..., GatewayProcess]
@@ -252,3 +252,87 @@ def test_with_an_admin_token_writes_off_loopback_need_it(emulators: Emulators, g
                  auth={"admin_token_sha256": hash_key(ADMIN)})
     assert gw.post("/admin/reload").status_code == 401
     assert gw.post("/admin/reload", headers=bearer(ADMIN)).status_code == 200
+
+
+def generation(gw: GatewayProcess) -> int:
+    return int(gw.get("/admin/backends").json()["generation"])
+
+
+def test_a_cross_site_page_cannot_write_to_a_loopback_admin(emulators: Emulators, gateway: StartGateway) -> None:
+    """What a page in the operator's browser could send without a CORS preflight (`text/plain`, or
+    no body at all) and what carries another site's Origin is refused, and nothing changes; curl's
+    `-H 'Content-Type: application/json'` (a body-less POST too) and the gateway's own Origin pass."""
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")],
+                 routes=[{"model": "moe", "split": {"arms": [{"name": "a", "weight": 1, "backends": ["v"]},
+                                                            {"name": "b", "weight": 1, "backends": ["v"]}]}}])
+    weights = gw.url + "/admin/routes/moe/weights"
+    body = '{"weights": {"a": 0, "b": 1}}'
+    for method, url, headers in [
+        ("POST", gw.url + "/admin/reload", {"Content-Type": "text/plain"}),
+        ("POST", gw.url + "/admin/reload", {}),
+        ("PUT", weights, {"Content-Type": "text/plain;charset=UTF-8"}),
+        ("POST", weights, {"Content-Type": "application/x-www-form-urlencoded"}),
+    ]:
+        resp = httpx.request(method, url, content=body if "weights" in url else None, headers=headers, timeout=30)
+        assert resp.status_code == 415, (method, url, headers)
+        err = assert_openai_error(resp.json())
+        assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "unsupported_media_type",
+                                                           "content-type")
+    own = gw.url  # http://127.0.0.1:PORT
+    for origin in ("http://evil.example", "null", own.replace("127.0.0.1", "localhost"), own + "1"):
+        resp = httpx.put(weights, content=body, headers={**AS_JSON, "Origin": origin}, timeout=30)
+        assert resp.status_code == 403, origin
+        err = assert_openai_error(resp.json())
+        assert (err["type"], err["code"]) == ("permission_error", "foreign_origin")
+    assert gw.get("/admin/routes/moe/weights").json()["weights"] == {"a": 1.0, "b": 1.0}
+    assert generation(gw) == 1
+    assert httpx.post(gw.url + "/admin/reload", headers=AS_JSON, timeout=30).status_code == 200  # curl's
+    assert generation(gw) == 2
+    put = httpx.put(weights, content=body, headers={**AS_JSON, "Origin": own}, timeout=30)
+    assert put.status_code == 200, put.text
+    assert put.json()["weights"] == {"a": 0.0, "b": 1.0}
+
+
+def test_without_a_token_admin_answers_only_loopback_names_and_addresses(
+    emulators: Emulators, gateway: StartGateway
+) -> None:
+    """DNS rebinding: a page at evil.example re-pointed at 127.0.0.1 sends `Host: evil.example`."""
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")])
+    port = gw.url.rsplit(":", 1)[1]
+    for path in ("/admin/backends", "/admin/compare", "/dashboard"):
+        for host in ("evil.example", f"evil.example:{port}", f"localhost.evil.example:{port}",
+                     f"127.0.0.1.nip.io:{port}"):
+            resp = httpx.get(gw.url + path, headers={"Host": host}, timeout=10)
+            assert resp.status_code == 403, (path, host)
+            err = assert_openai_error(resp.json())
+            assert (err["type"], err["code"]) == ("permission_error", "untrusted_host")
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"gw.localhost:{port}"):
+            assert httpx.get(gw.url + path, headers={"Host": host}, timeout=10).status_code == 200, (path, host)
+    refused = httpx.post(gw.url + "/admin/reload", headers={**AS_JSON, "Host": "evil.example"}, timeout=30)
+    assert refused.status_code == 403
+    assert generation(gw) == 1
+    assert httpx.get(gw.url + "/v1/models", headers={"Host": "evil.example"}, timeout=10).status_code == 200  # clients
+
+
+def test_with_a_token_any_host_may_reach_admin_but_browser_writes_are_still_refused(
+    emulators: Emulators, gateway: StartGateway
+) -> None:
+    """A name in front of the gateway works once a token guards it; the browser's remembered Basic
+    credentials (the dashboard's) do not let another site write."""
+    gw = gateway([backend_entry("v", emulators.start("vllm"), "vllm")], auth={"admin_token_sha256": hash_key(ADMIN)})
+    foreign = {"Host": "gateway.example.com"}
+    assert httpx.get(gw.url + "/admin/backends", headers=foreign, timeout=10).status_code == 401
+    assert httpx.get(gw.url + "/admin/backends", headers={**foreign, **bearer(ADMIN)}, timeout=10).status_code == 200
+    basic = httpx.BasicAuth("admin", ADMIN)
+    text = httpx.post(gw.url + "/admin/reload", auth=basic, headers={"Content-Type": "text/plain"}, timeout=30)
+    assert text.status_code == 415
+    cross = httpx.post(gw.url + "/admin/reload", auth=basic, headers={**AS_JSON, "Origin": "http://evil.example"},
+                       timeout=30)
+    assert cross.status_code == 403
+    assert generation_with(gw, ADMIN) == 1
+    assert httpx.post(gw.url + "/admin/reload", auth=basic, headers=AS_JSON, timeout=30).status_code == 200
+    assert generation_with(gw, ADMIN) == 2
+
+
+def generation_with(gw: GatewayProcess, token: str) -> int:
+    return int(gw.get("/admin/backends", headers=bearer(token)).json()["generation"])

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.access.secrets import hash_key
 
 from .fakes import run, start_recording_backend
-from .harness import ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, eventually, wait_for
+from .harness import AS_JSON, ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, eventually, wait_for
 
 Start = Callable[..., GatewayProcess]
 
@@ -159,7 +159,7 @@ def test_admin_writes_reach_every_worker_before_the_reply(two_workers: GatewayPr
     config = yaml.safe_load(gw.config_path.read_text())
     config["routes"][1]["split"]["arms"][0]["weight"] = 25
     gw.config_path.write_text(yaml.safe_dump(config))
-    reloaded = fresh("POST", gw.url + "/admin/reload")
+    reloaded = fresh("POST", gw.url + "/admin/reload", headers=AS_JSON)
     assert reloaded.status_code == 200
     assert reloaded.json()["generation"] == 2
     seen = [fresh("GET", gw.url + "/admin/routes/ab/weights").json()["weights"] for _ in range(16)]
@@ -175,7 +175,7 @@ def test_admin_writes_reach_every_worker_before_the_reply(two_workers: GatewayPr
     seen = [fresh("GET", gw.url + "/admin/routes/ab/weights").json()["weights"] for _ in range(16)]
     assert all(w == {"vllm": 5.0, "sglang": 50.0} for w in seen)
     gw.config_path.write_text("routes: [")  # invalid: rejected for all, the old config keeps serving
-    rejected = fresh("POST", gw.url + "/admin/reload")
+    rejected = fresh("POST", gw.url + "/admin/reload", headers=AS_JSON)
     assert rejected.status_code == 400
     assert rejected.json()["error"]["code"] == "invalid_config"
 
