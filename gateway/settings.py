@@ -65,7 +65,7 @@ class KvEvents(_Strict):
     replay_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://.+")] | None = None
     # data-parallel ranks publish on endpoint port + rank (vLLM's and SGLang's convention)
     data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
-    # no batch this long after a response showed the engine stored blocks: the publisher is silent
+    # no batch this long after a response showed the engine stored blocks: the source is silent (reported)
     silent_after_s: Annotated[float, Field(gt=0)] = 5.0
 class Capabilities(_Strict):
     """Overrides of what the backend's runtime serves by default (`backends.capabilities`): `true`

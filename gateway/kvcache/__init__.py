@@ -5,12 +5,13 @@ model; `index.RankIndex` keeps one engine rank's resident blocks under the gatew
 keys of their token ids (`routing.tokens`); `cache.BackendCache` tracks a backend's ranks, sequence
 numbers, gaps, restarts and silence and says whether its index is live; `registry.KvCaches` holds
 them all and is what the routing memory consults (`overlay`, `predict`) and feeds (`observe`);
-`intake` is the I/O: ZMQ subscribers and trtllm-serve pollers; `relay` is the supervisor's share of
-it under `--workers N` (what only one process may hear, heard once and republished to the workers);
-`collector` exposes their state to Prometheus. All but `intake` and `relay` are pure (time comes in
-as arguments or an injected clock).
+`silence` says why a source hears nothing; `intake` runs the I/O (`zmq_source`: ZMQ subscribers and
+replays, `trtllm_source`: trtllm-serve pollers); `relay` is the supervisor's share of it under
+`--workers N` (what only one process may hear, heard once and republished to the workers);
+`collector` exposes their state to Prometheus. All but `intake`, its sources and `relay` are pure
+(time comes in as arguments or an injected clock).
 
-May import: `routing` (its values), `settings`, `tasks`. Imported by `app` (wiring), `admin` and `cluster`
+May import: `routing` (its values), `settings`, `tasks`, `retrying`. Imported by `app` (wiring), `admin` and `cluster`
 (the hub's relay).
 """
 

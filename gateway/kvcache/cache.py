@@ -3,6 +3,8 @@
 States:
 
 * `waiting`: configured, nothing received yet;
+* `silent`: nothing ever received, although a response showed the engine stored new blocks more
+  than `silent_after_s` ago: the source hears nothing (a misconfiguration, `silence.explain`);
 * `live`: events arrive in sequence from the engine's start (or since the gateway saw the whole
   buffer replayed from sequence 0): the index is exact, and routing uses it;
 * `rebuilding`: events were lost (a sequence gap no replay could fill, a first batch after the
@@ -14,8 +16,14 @@ States:
   report.
 
 `AllBlocksCleared`, a publisher that restarts at sequence 0 and trtllm-serve's `created` event mean
-the engine's cache is empty: the index is cleared and live. A publisher is silent when a response
-shows the engine stored new blocks and no batch arrived within `silent_after_s` of it.
+the engine's cache is empty: the index is cleared and live. A publisher whose sequence goes back to
+a number other than 0 restarted and its first batches were missed: the rank starts a new sequence
+space, empty and untrusted (`rebuilding`, reason `restart`), and is live again only once a replay
+returned every batch of the new sequence from 0 or predictions verified it. A replay that fills a
+gap must also return the last batch applied, unchanged (the overlap): a different one means the
+engine restarted meanwhile (its new sequence passed the old number), which is a restart too. A
+publisher is silent when a response shows the engine stored new blocks and no batch arrived within
+`silent_after_s` of it.
 
 Data-parallel ranks have their own sequences and indexes; a backend's hit is its best rank's (the
 engine's DP balancer decides which rank serves a request, by load). Time arrives as arguments.
@@ -34,12 +42,24 @@ from .index import RankIndex
 
 VERIFY: Final = 3  # consecutive exact predictions that end a rebuild
 SILENT_AFTER_S: Final = 5.0
+# Uncached prompt tokens that show an engine whose block size is not known yet (no event ever
+# arrived) stored at least one block: no runtime's block or page is larger by default.
+UNKNOWN_BLOCK_TOKENS: Final = 128
 
 
 class State(StrEnum):
     WAITING = "waiting"
+    SILENT = "silent"
     LIVE = "live"
     REBUILDING = "rebuilding"
+
+
+class Filled(StrEnum):
+    """What a replay did to the batches a held batch waits for (`BackendCache.fill`)."""
+
+    CLOSED = "closed"  # all there: applied, then the held batch
+    LOST = "lost"  # not all there (or continuity unproven): the rank rebuilds
+    RESTARTED = "restarted"  # the engine restarted meanwhile: replay its new sequence from 0
 
 
 @dataclass(slots=True)
@@ -47,6 +67,8 @@ class Rank:
     index: RankIndex = field(default_factory=RankIndex)
     next_seq: int | None = None  # the sequence number expected next; None before the first batch
     held: Batch | None = None  # a batch received after a gap, applied once the gap is resolved
+    why: str = ""  # why `held` is held: "gap", "joined late" or "restart" (the reset a loss counts)
+    last: Batch | None = None  # the last batch applied: a replay that fills a gap must return it unchanged
     trusted: bool = False  # its index is complete: in sequence from the cache's start, or verified
     batches: int = 0
     last_at: float | None = None
@@ -80,6 +102,9 @@ class BackendCache:
         self._streak = 0
         self._batches_since_loss = 0
         self._awaiting: float | None = None  # when a response showed stores and no batch followed
+        self.silent = False  # no batch since a response showed stores, for `silent_after_s`
+        self.hint = ""  # why a silent source hears nothing, and the fix (set by the intake)
+        self.connected: bool | None = None  # whether a publisher is connected (None: not known)
 
     @property
     def live(self) -> bool:
@@ -99,8 +124,10 @@ class BackendCache:
     # --- events (vLLM, SGLang) ----------------------------------------------------------------
 
     def receive(self, batch: Batch, now: float) -> int | None:
-        """A live batch. Returns the first missing sequence number when batches were lost before
-        it (it is then held: call `fill` with what a replay returned, or `lose`); else None."""
+        """A live batch. When batches were lost before it, it is held and the sequence number a
+        replay should start from is returned (then call `fill` with what the replay returned, or
+        `unfilled`); else None. A gap's replay starts at the last batch applied (the overlap
+        `fill` checks)."""
         r = self._rank(batch.rank)
         self._heard(now)
         if r.next_seq is None or (batch.seq < r.next_seq and batch.seq != 0):
@@ -108,8 +135,10 @@ class BackendCache:
                 self._apply(r, batch, now)
                 self._started(r, now)
                 return None
-            if r.next_seq is not None:  # a restart whose first batches were missed
-                r.index.clear()
+            if r.next_seq is not None:  # the sequence went back, not to 0: a restart, its first batches missed
+                self._restart(r, now)
+            else:
+                r.why = "joined late"
             r.held = batch
             return 0
         if batch.seq == r.next_seq:
@@ -117,7 +146,8 @@ class BackendCache:
             return None
         if batch.seq > r.next_seq:
             r.held = batch
-            return r.next_seq
+            r.why = "gap"
+            return r.next_seq - 1 if r.last is not None else r.next_seq
         # sequence 0 again: the publisher (the engine) restarted with an empty cache
         r.index.clear()
         self._count_reset("restart")
@@ -125,27 +155,46 @@ class BackendCache:
         self._started(r, now)
         return None
 
-    def fill(self, rank: int, replayed: Sequence[Batch], now: float) -> bool:
-        """Batches a replay returned for the gap before the held batch; True if they closed it."""
+    def fill(self, rank: int, replayed: Sequence[Batch], now: float) -> Filled:
+        """Batches a replay returned for what the held batch waits for. RESTARTED when the replay
+        shows that the engine restarted meanwhile (its batch at the last sequence number applied is
+        another one): the rank then waits for its new sequence, to be replayed from 0."""
         r = self._rank(rank)
         held = r.held
         if held is None:
-            return True
+            return Filled.CLOSED
+        got = {b.seq: b for b in replayed if b.seq < held.seq}
+        last = r.last
+        if r.next_seq is not None and last is not None:
+            overlap = got.get(r.next_seq - 1)
+            if overlap is None:  # the buffer no longer reaches back to it: continuity is unproven
+                self.unfilled(rank, now)
+                return Filled.LOST
+            if overlap != last:
+                self._restart(r, now)
+                return Filled.RESTARTED
         start = 0 if r.next_seq is None else r.next_seq
-        want = {b.seq: b for b in replayed if start <= b.seq < held.seq}
-        if set(want) != set(range(start, held.seq)):
-            self.lose(rank, "gap" if r.next_seq is not None else "joined late", now)
-            return False
-        fresh = r.next_seq is None or start == 0
+        if any(seq not in got for seq in range(start, held.seq)):
+            self.unfilled(rank, now)
+            return Filled.LOST
+        fresh = r.next_seq is None
         if fresh:
             r.index.clear()
+            if r.why == "restart":
+                self._count_reset("restart")
         for seq in range(start, held.seq):
-            self._apply(r, want[seq], now)
+            self._apply(r, got[seq], now)
         r.held = None
         self._apply(r, held, now)
         if fresh:
-            self._started(r, now)
-        return True
+            self._started(r, now, "replayed from the engine's start")
+        return Filled.CLOSED
+
+    def unfilled(self, rank: int, now: float) -> None:
+        """No replay filled what the held batch waits for (none is configured, it failed, or its
+        buffer no longer has those batches): rebuild, counted as the reason the batch was held."""
+        r = self._rank(rank)
+        self.lose(rank, r.why or "gap", now)
 
     def lose(self, rank: int, reason: str, now: float) -> None:
         """The batches before the held one are gone: apply it, distrust the index, rebuild."""
@@ -155,7 +204,20 @@ class BackendCache:
         if held is not None:
             self._apply(r, held, now)
 
+    def _restart(self, r: Rank, now: float) -> None:
+        """`r`'s publisher restarted and its first batches were missed: a new sequence space, from
+        an empty index that nothing vouches for yet (a replay from 0, or verified predictions)."""
+        r.index.clear()
+        r.next_seq = None
+        r.last = None
+        r.trusted = False
+        r.why = "restart"
+        self._streak = 0
+        self._batches_since_loss = 0
+        self._set(State.REBUILDING, "restart", now)
+
     def _apply(self, r: Rank, batch: Batch, now: float) -> None:
+        r.last = batch
         r.next_seq = batch.seq + 1
         r.batches += 1
         r.last_at = now
@@ -183,13 +245,17 @@ class BackendCache:
     def _heard(self, now: float) -> None:
         self.last_batch_at = now
         self._awaiting = None
+        self.silent = False
+        self.hint = ""
+        if self.state is State.SILENT:  # heard at last: what the batch says decides from here
+            self._set(State.WAITING, "first batch arrived", now)
 
-    def _started(self, r: Rank, now: float) -> None:
+    def _started(self, r: Rank, now: float, reason: str = "events in sequence from the start") -> None:
         """`r`'s index is complete from its cache's start."""
         r.trusted = True
         if all(x.trusted for x in self.ranks.values()):
             self._streak = 0
-            self._set(State.LIVE, "events in sequence from the start", now)
+            self._set(State.LIVE, reason, now)
 
     def _lost(self, ranks: Iterable[Rank], reason: str, now: float) -> None:
         self._count_reset(reason)
@@ -260,8 +326,8 @@ class BackendCache:
             self.stats.checked += 1
             if predicted == cached_tokens:
                 self.stats.exact += 1
-        bs = self.block_size
-        stored = bool(bs) and bool(prompt_tokens) and (prompt_tokens or 0) - 1 - cached_tokens >= (bs or 0)
+        bs = self.block_size or UNKNOWN_BLOCK_TOKENS
+        stored = bool(prompt_tokens) and (prompt_tokens or 0) - 1 - cached_tokens >= bs
         if stored and self.counter == counter_at_dispatch and self._awaiting is None:
             self._awaiting = now  # the engine stored blocks for this request; its batch should follow
         if prompt is None or predicted is None:
@@ -280,13 +346,21 @@ class BackendCache:
                     r.trusted = True
                 self._set(State.LIVE, "rebuilt: predictions verified", now)
 
-    def tick(self, now: float) -> None:
-        """Periodic: a publisher that stayed silent after a response showed stores."""
+    def tick(self, now: float) -> bool:
+        """Periodic: a publisher that stayed silent after a response showed stores. True when it
+        just became silent (nothing was ever heard: state `silent`; else it rebuilds)."""
         since = self._awaiting
-        if since is not None and now - since > self.silent_after_s:
-            self._awaiting = None
-            if self.state is not State.WAITING:
-                self._lost(self.ranks.values(), "silent", now)
+        if since is None or now - since <= self.silent_after_s:
+            return False
+        self._awaiting = None
+        if self.silent:
+            return False
+        self.silent = True
+        if self.state is State.WAITING:
+            self._set(State.SILENT, "no KV event ever arrived", now)
+        else:
+            self._lost(self.ranks.values(), "silent", now)
+        return True
 
     # --- admin ------------------------------------------------------------------------------
 
@@ -298,6 +372,9 @@ class BackendCache:
             "reason": self.reason,
             "state_age_s": None if self.changed_at is None else round(now - self.changed_at, 3),
             "last_event_age_s": None if self.last_batch_at is None else round(now - self.last_batch_at, 3),
+            "silent": self.silent,
+            "hint": self.hint or None,
+            "connected": self.connected,
             "batches": s.batches,
             "events": s.events,
             "decode_errors": s.decode_errors,

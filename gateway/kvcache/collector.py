@@ -24,6 +24,10 @@ class KvCollector:
         live = GaugeMetricFamily(
             "gateway_kv_events_live", "1 when routing uses the backend's KV events (exact prefix hits); 0 while it "
             "waits for them or rebuilds after lost events (the approximate index routes).", labels=["backend"])
+        silent = GaugeMetricFamily(
+            "gateway_kv_events_silent", "1 while the backend's KV-event source is silent: no batch (ever, or since) "
+            "within silent_after_s of a response that showed the engine stored new blocks; /admin/backends and the "
+            "log say why.", labels=["backend"])
         age = GaugeMetricFamily(
             "gateway_kv_events_last_batch_age_seconds", "Seconds since the backend's last KV event batch.",
             labels=["backend"])
@@ -38,10 +42,11 @@ class KvCollector:
         for cache in self._caches:
             lv = [cache.name]
             live.add_metric(lv, 1.0 if cache.live else 0.0)
+            silent.add_metric(lv, 1.0 if cache.silent else 0.0)
             if cache.last_batch_at is not None:
                 age.add_metric(lv, max(now - cache.last_batch_at, 0.0))
             blocks.add_metric(lv, float(sum(len(r.index) for r in cache.ranks.values())))
             batches.add_metric(lv, float(cache.stats.batches))
             for reason, n in sorted(cache.stats.resets.items()):
                 resets.add_metric([cache.name, reason], float(n))
-        yield from (live, age, blocks, batches, resets)
+        yield from (live, silent, age, blocks, batches, resets)

@@ -1,18 +1,16 @@
 """Receiving the engines' KV events (I/O): one task per backend that publishes them.
 
-* vLLM, SGLang: a ZMQ SUB socket subscribed to the backend's topic, bound or connected to its
-  endpoint (one per data-parallel rank: port + rank). It is read from the moment it exists: a SUB
-  socket only sends its subscription once it has processed the connection, so an idle one would
-  make a connecting publisher drop its first batches. A sequence gap, or a first batch after
-  sequence 0, asks the engine's replay ROUTER (when configured) for the missing batches: vLLM
-  answers `[topic, seq, payload]` per batch, SGLang `[seq, payload]`, both end with seq -1.
-* trtllm-serve: `POST /kv_cache_events` in a loop. The endpoint drains its queue (each event is
-  returned once) and waits up to ~2 s for a first one, so the loop needs no timer of its own;
-  a gateway polling it must be the only consumer.
+* vLLM, SGLang: a ZMQ SUB socket on the engine's publisher, and its replay socket
+  (`zmq_source.ZmqIntake`);
+* trtllm-serve: `POST /kv_cache_events` in a loop (`trtllm_source.TrtllmIntake`).
 
 Everything received goes into the backend's `BackendCache` (pure); a tick every second lets
-caches notice silent publishers. `KvIntake.reconcile` starts, keeps or stops the tasks for a
-config generation; the caches of kept backends carry on.
+caches notice silent publishers, and a source that just went silent is logged once with what
+probably causes it and the fix (`silence.explain`; also its `/admin/backends` hint).
+`KvIntake.reconcile` starts, keeps or stops the tasks for a config generation; the caches of kept
+backends carry on. A task whose socket cannot be bound or connected (an address still held by a
+process that is stopping, the supervisor's relay not up yet), or whose intake stops on a bug, sets
+it up again after a backoff (`gateway/retrying.py`); routing uses the approximate index meanwhile.
 """
 
 from __future__ import annotations
@@ -20,30 +18,35 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import zmq
 import zmq.asyncio
 
-from ..settings import Backend, KvEvents
+from ..retrying import Backoff, Sleep, forever
+from ..settings import Backend
 from ..tasks import cancel_all
 from .cache import BackendCache
-from .events import Batch, KvDecodeError, decode_frames, decode_payload, decode_seq, decode_trtllm
 from .registry import KvCaches
+from .silence import explain
+from .trtllm_source import RelayedTrtllmIntake, TrtllmIntake, trtllm_receiver
+from .zmq_source import ZmqIntake, rank_endpoint
 
 log = logging.getLogger(__name__)
 
-END_SEQ = -1
-REPLAY_TIMEOUT_S = 5.0
 TICK_S = 1.0
-POLL_TIMEOUT_S = 30.0  # one trtllm-serve poll (it answers within ~2 s when idle)
-RETRY_S = 1.0  # after a failed poll
-MIN_EMPTY_POLL_S = 0.1  # an empty answer faster than this (a server that does not wait) is paced
+RETRY_S = 1.0  # the first pause before an intake that could not start (or stopped) is set up again ...
+MAX_RETRY_S = 30.0  # ... doubling up to this
+
+__all__ = ["KvIntake", "TrtllmIntake", "backend_headers", "rank_endpoint", "relay_endpoint", "relayed"]
+
+
+class IntakeDown(Exception):
+    """A backend's intake could not start, or stopped: set it up again after a backoff."""
 
 
 def relayed(b: Backend) -> bool:
@@ -62,190 +65,6 @@ def relay_endpoint(directory: Path, backend: str) -> str:
     return f"ipc://{directory}/kv-{digest}"
 
 
-def rank_endpoint(endpoint: str, rank: int) -> str:
-    """The endpoint of data-parallel `rank`: the port plus the rank (vLLM's `offset_endpoint_port`),
-    or `_dp<rank>` appended to ipc/inproc names."""
-    if rank == 0:
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        head, _, port = endpoint.rpartition(":")
-        if port.isdigit() and int(port) != 0:
-            return f"{head}:{int(port) + rank}"
-        return endpoint
-    return f"{endpoint}_dp{rank}"
-
-
-async def replay(ctx: zmq.asyncio.Context, endpoint: str, start_seq: int, *,
-                 timeout_s: float = REPLAY_TIMEOUT_S) -> list[Batch]:
-    """Every batch the publisher still buffers from `start_seq` on (raises TimeoutError)."""
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(endpoint)
-    out: list[Batch] = []
-    try:
-        await dealer.send_multipart([b"", start_seq.to_bytes(8, "big")])
-        async with asyncio.timeout(timeout_s):
-            while True:
-                frames = await dealer.recv_multipart()
-                if len(frames) == 4:  # vLLM: ["", topic, seq, payload]
-                    seq_frame, payload = frames[2], frames[3]
-                elif len(frames) == 3:  # SGLang: ["", seq, payload]
-                    seq_frame, payload = frames[1], frames[2]
-                else:
-                    raise KvDecodeError(f"replay answer of {len(frames)} frames")
-                seq = decode_seq(seq_frame)
-                if seq == END_SEQ:
-                    return out
-                out.append(decode_payload(seq, payload))
-    finally:
-        dealer.close(linger=0)
-
-
-class ZmqIntake:
-    """One vLLM/SGLang backend's SUB socket and its receive loop."""
-
-    def __init__(self, cfg: KvEvents, cache: BackendCache, ctx: zmq.asyncio.Context,
-                 clock: Callable[[], float], *, relayed: str | None = None) -> None:
-        """With `relayed`, connect to that endpoint (the supervisor's relay of every rank's
-        messages, `kvcache.relay`) instead of the engine's."""
-        assert cfg.endpoint is not None
-        self.cfg = cfg
-        self.cache = cache
-        self._ctx = ctx
-        self._clock = clock
-        self.sock = ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.setsockopt(zmq.SUBSCRIBE, cfg.topic.encode())
-        if relayed is not None:
-            self.endpoints = [relayed]
-        else:
-            self.endpoints = [rank_endpoint(cfg.endpoint, r) for r in range(cfg.data_parallel_size)]
-        try:
-            for ep in self.endpoints:
-                if cfg.bind and relayed is None:
-                    self.sock.bind(ep)
-                else:
-                    self.sock.connect(ep)
-        except zmq.ZMQError:
-            self.sock.close(linger=0)  # an open socket would block the context's termination
-            raise
-
-    async def run(self) -> None:
-        cache = self.cache
-        while True:
-            frames = await self.sock.recv_multipart()
-            try:
-                batch = decode_frames(frames)
-            except KvDecodeError as exc:
-                cache.stats.decode_errors += 1
-                log.debug("backend %s: undecodable KV event message: %s", cache.name, exc)
-                continue
-            missing = cache.receive(batch, self._clock())
-            if missing is not None:
-                await self._resolve(batch.rank, missing)
-
-    async def _resolve(self, rank: int, first_missing: int) -> None:
-        cache = self.cache
-        why = "gap" if first_missing > 0 else "joined late"
-        if self.cfg.replay_endpoint is None:
-            cache.lose(rank, why, self._clock())
-            return
-        try:
-            batches = await replay(self._ctx, rank_endpoint(self.cfg.replay_endpoint, rank), first_missing)
-        except (TimeoutError, KvDecodeError, zmq.ZMQError) as exc:
-            log.info("backend %s: KV event replay from seq %d failed (%s)", cache.name, first_missing, exc)
-            cache.lose(rank, why, self._clock())
-            return
-        if not cache.fill(rank, [b for b in batches if b.rank == rank or self.cfg.data_parallel_size == 1],
-                          self._clock()):
-            log.info("backend %s: replay could not fill the KV event gap from seq %d", cache.name, first_missing)
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
-def trtllm_receiver(cache: BackendCache, clock: Callable[[], float]) -> Callable[[bytes], int]:
-    """What a `/kv_cache_events` answer does to a backend's cache; how many events it held."""
-
-    def receive(body: bytes) -> int:
-        try:
-            items = decode_trtllm(orjson.loads(body))
-        except (KvDecodeError, orjson.JSONDecodeError) as exc:
-            cache.stats.decode_errors += 1
-            log.debug("backend %s: undecodable /kv_cache_events answer: %s", cache.name, exc)
-            return -1
-        cache.receive_trtllm(items, clock())
-        return len(items)
-
-    return receive
-
-
-class TrtllmIntake:
-    """One trtllm-serve backend's `/kv_cache_events` poll loop; each answer goes to `deliver`
-    (`trtllm_receiver`, or the supervisor's relay), which says how many events it held (-1: none
-    readable)."""
-
-    def __init__(self, url: str, headers: Mapping[str, str], deliver: Callable[[bytes], int],
-                 session: aiohttp.ClientSession, clock: Callable[[], float],
-                 sleep: Callable[[float], Awaitable[None]]) -> None:
-        self.url = url.rstrip("/") + "/kv_cache_events"
-        self.headers = dict(headers)
-        self.deliver = deliver
-        self._session = session
-        self._clock = clock
-        self._sleep = sleep
-
-    async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=POLL_TIMEOUT_S)
-        while True:
-            started = self._clock()
-            try:
-                async with self._session.post(self.url, headers=self.headers, timeout=timeout) as resp:
-                    body = await resp.read()
-                    status = resp.status
-            except (aiohttp.ClientError, TimeoutError):
-                await self._sleep(RETRY_S)
-                continue
-            if status != 200:
-                await self._sleep(RETRY_S)
-                continue
-            held = self.deliver(body)
-            if held < 0:
-                await self._sleep(RETRY_S)
-            elif held == 0 and self._clock() - started < MIN_EMPTY_POLL_S:
-                await self._sleep(MIN_EMPTY_POLL_S)
-
-    def close(self) -> None:
-        return None
-
-
-class RelayedTrtllmIntake:
-    """A worker's share of a trtllm-serve backend's events: the supervisor polls (the endpoint
-    drains its queue: one poller only) and republishes each answer; this subscribes to them."""
-
-    def __init__(self, endpoint: str, cache: BackendCache, ctx: zmq.asyncio.Context,
-                 clock: Callable[[], float]) -> None:
-        self.receive = trtllm_receiver(cache, clock)
-        self.sock = ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        try:
-            self.sock.connect(endpoint)
-        except zmq.ZMQError:
-            self.sock.close(linger=0)
-            raise
-
-    async def run(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            self.receive(frames[-1])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
 Intake = ZmqIntake | TrtllmIntake | RelayedTrtllmIntake
 
 
@@ -254,33 +73,30 @@ def backend_headers(keys: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     return {name: {"Authorization": f"Bearer {key.get_secret_value()}"} for name, key in keys.items()}
 
 
-def _closer(intake: Intake) -> Callable[[asyncio.Task[None]], None]:
-    def close(_: asyncio.Task[None]) -> None:
-        intake.close()
-
-    return close
-
-
 @dataclass
 class _Running:
     spec: tuple[object, ...]  # what the task was started from: restarted when it changes
-    intake: Intake
-    task: asyncio.Task[None]
+    backend: Backend
+    task: asyncio.Task[None] | None = None
+    failed: str | None = None  # why its socket cannot be set up (while it cannot)
 
 
 class KvIntake:
     """The intake tasks of the current config, over the process's `KvCaches`."""
 
-    def __init__(self, caches: KvCaches, session: aiohttp.ClientSession, *,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, relay_dir: Path | None = None) -> None:
+    def __init__(self, caches: KvCaches, session: aiohttp.ClientSession, *, sleep: Sleep = asyncio.sleep,
+                 relay_dir: Path | None = None, backoff: Backoff | None = None) -> None:
         """With `relay_dir` (a worker under `--workers N`: its supervisor's private directory), the
-        backends only one process may hear (`relay.relayed`) are heard through the supervisor."""
+        backends only one process may hear (`relay.relayed`) are heard through the supervisor.
+        `backoff` paces the set-up of an intake that could not start or stopped."""
         self.caches = caches
         self.relay_dir = relay_dir
         self._session = session
         self._sleep = sleep
+        self._backoff = backoff if backoff is not None else Backoff(RETRY_S, MAX_RETRY_S)
         self._ctx: zmq.asyncio.Context | None = None
         self._running: dict[str, _Running] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # cancelled, not yet ended (their sockets open)
         self._ticker: asyncio.Task[None] | None = None
 
     def reconcile(self, backends: list[Backend], headers: Mapping[str, Mapping[str, str]]) -> None:
@@ -292,24 +108,20 @@ class KvIntake:
             if b is None or self._spec(b) != self._running[name].spec:
                 self._stop(name)
                 self.caches.drop(name)  # another engine, or another way to hear it: start over
+        loop = asyncio.get_running_loop()
         for name, b in wanted.items():
             if name in self._running:
+                self._running[name].backend = b
                 continue
             cache = self.caches.add(name)
             assert b.kv_events is not None
             cache.silent_after_s = b.kv_events.silent_after_s
-            try:
-                intake = self._intake(b, cache, headers.get(name, {}))
-            except zmq.ZMQError as exc:
-                log.error("backend %s: cannot %s KV events endpoint %s: %s (routing uses the approximate index)",
-                          name, "bind" if b.kv_events.bind else "connect", b.kv_events.endpoint, exc)
-                continue
-            task = asyncio.get_running_loop().create_task(self._guard(name, intake), name=f"kv-events-{name}")
-            task.add_done_callback(_closer(intake))  # the socket closes once its reader is gone
-            self._running[name] = _Running(self._spec(b), intake, task)
+            running = self._running[name] = _Running(self._spec(b), b)
+            running.task = loop.create_task(self._keep(running, cache, headers.get(name, {})),
+                                            name=f"kv-events-{name}")
         self.caches.retain(wanted)
         if self._ticker is None and self._running:
-            self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="kv-events-tick")
+            self._ticker = loop.create_task(self._tick(), name="kv-events-tick")
 
     @staticmethod
     def _spec(b: Backend) -> tuple[object, ...]:
@@ -328,27 +140,58 @@ class KvIntake:
             return RelayedTrtllmIntake(via, cache, self._ctx, self.caches.clock)
         return ZmqIntake(b.kv_events, cache, self._ctx, self.caches.clock, relayed=via)
 
-    async def _guard(self, name: str, intake: Intake) -> None:
+    async def _keep(self, running: _Running, cache: BackendCache, headers: Mapping[str, str]) -> None:
+        """Run the backend's intake until cancelled, set up again after a backoff whenever it
+        cannot start or stops."""
+        async for attempt in forever(wait=self._backoff, sleep=self._sleep, retry_on=IntakeDown, log=log,
+                                     what=f"backend {running.backend.name}: the KV event intake"):
+            with attempt:
+                await self._run(running, cache, headers)
+
+    async def _run(self, running: _Running, cache: BackendCache, headers: Mapping[str, str]) -> None:
+        b = running.backend
+        kv = b.kv_events
+        assert kv is not None
+        try:
+            intake = self._intake(b, cache, headers)
+        except zmq.ZMQError as exc:
+            how = "bind" if kv.bind and self.relay_dir is None else "connect"
+            running.failed = str(exc)
+            raise IntakeDown(f"cannot {how} KV events endpoint {kv.endpoint}: {exc}; routing uses the "
+                             "approximate index") from exc
+        running.failed = None
         try:
             await intake.run()
         except asyncio.CancelledError:
             raise
-        except Exception:  # a bug in the intake must not take the gateway down; routing falls back
-            log.exception("backend %s: KV event intake stopped", name)
-            cache = self.caches.get(name)
-            if cache is not None:
-                cache.lose(0, "intake failed", self.caches.clock())
+        except Exception as exc:  # a bug in the intake must not take the gateway down; routing falls back
+            log.exception("backend %s: KV event intake stopped", b.name)
+            cache.lose(0, "intake failed", self.caches.clock())
+            raise IntakeDown(f"stopped: {exc!r}") from exc
+        finally:
+            intake.close()
+        raise IntakeDown("stopped")  # (its loop has no end)
 
     async def _tick(self) -> None:
         while True:
             await self._sleep(TICK_S)
-            self.caches.tick()
+            for cache in self.caches.tick():
+                running = self._running.get(cache.name)
+                if running is None:
+                    continue
+                cache.hint = explain(running.backend, heard=cache.counter > 0, connected=cache.connected,
+                                     failed=running.failed)
+                log.warning("backend %s: %s", cache.name, cache.hint)
 
     def _stop(self, name: str) -> None:
-        self._running.pop(name).task.cancel()
+        task = self._running.pop(name).task
+        assert task is not None
+        task.cancel()
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     async def close(self) -> None:
-        tasks = [r.task for r in self._running.values()]
+        tasks = [r.task for r in self._running.values() if r.task is not None] + list(self._stopping)
         if self._ticker is not None:
             tasks.append(self._ticker)
         await cancel_all(tasks)

@@ -79,7 +79,7 @@ class KvCaches:
         for bs in sizes:
             prompt.keys(bs)
 
-    def tick(self) -> None:
+    def tick(self) -> list[BackendCache]:
+        """Periodic (`BackendCache.tick`): the caches whose publisher just became silent."""
         now = self.clock()
-        for cache in self._caches.values():
-            cache.tick(now)
+        return [cache for cache in self._caches.values() if cache.tick(now)]

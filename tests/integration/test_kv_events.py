@@ -275,7 +275,8 @@ def test_connect_mode_and_the_admin_view(emulators: Emulators, gateway: Gateway,
     assert state["batches"] > 0
     assert state["last_event_age_s"] is not None
     assert set(state) >= {"state", "reason", "state_age_s", "last_event_age_s", "batches", "resets", "ranks",
-                          "predictions_checked", "predictions_exact"}
+                          "predictions_checked", "predictions_exact", "silent", "hint", "connected"}
+    assert (state["connected"], state["silent"], state["hint"]) == (True, False, None)  # the socket monitor saw it
     # SGLang's /health generates, so its first batches may precede the subscription: the gateway
     # then joined late and rebuilt; either way it is live now and exact
     assert state["state"] == "live"

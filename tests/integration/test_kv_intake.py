@@ -8,8 +8,10 @@ is lost to ZMQ's slow-joiner window and the test needs no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,8 +19,14 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from gateway.kvcache import KvCaches, KvIntake
+from gateway.kvcache.intake import relay_endpoint
+from gateway.kvcache.relay import KvRelay
+from gateway.kvcache.trtllm_source import TrtllmIntake
+from gateway.retrying import Backoff
 from gateway.settings import Backend
 from tests.polling import until
 
@@ -142,15 +150,123 @@ async def test_reconcile_follows_the_config(intake: tuple[KvIntake, KvCaches]) -
     await until(port_free, within_s=2.0)  # else the intake's socket still holds its port
 
 
-async def test_a_port_already_bound_is_logged_and_routing_falls_back(intake: tuple[KvIntake, KvCaches],
-                                                                       caplog: pytest.LogCaptureFixture) -> None:
-    kv, caches = intake
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = int(busy.getsockname()[1])
-        kv.reconcile([backend("b", port)], {})
-    cache = caches.get("b")
-    assert cache is not None
-    assert not cache.live
-    assert "cannot bind KV events endpoint" in caplog.text
+async def test_a_port_already_bound_is_logged_and_retried_until_it_is_free(caplog: pytest.LogCaptureFixture) -> None:
+    """An address still held (by a gateway that is stopping, say): the intake logs it, routing
+    falls back, and the bind is retried with backoff until it succeeds; the engine is then heard."""
+    caches = KvCaches(clock=asyncio.get_running_loop().time)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = int(busy.getsockname()[1])
+    ctx = zmq.asyncio.Context()
+    async with aiohttp.ClientSession() as session:
+        kv = KvIntake(caches, session, backoff=Backoff(0.05, 0.2, jitter=0.0))
+        try:
+            kv.reconcile([backend("b", port)], {})
+            cache = caches.get("b")
+            assert cache is not None
+            await until(lambda: caplog.text.count("cannot bind KV events endpoint") >= 2)  # retried
+            assert "retrying in" in caplog.text
+            assert not cache.live
+            busy.close()
+            engine = Publisher(ctx, f"tcp://127.0.0.1:{port}", 0)
+            try:
+                await engine.subscribed()  # the intake bound the address at last
+                await engine.publish(stored([1], list(range(BS))))
+                await until(lambda: cache.live)
+            finally:
+                engine.sock.close(linger=0)
+        finally:
+            busy.close()
+            await kv.close()
+            ctx.term()
+
+
+async def test_failed_trtllm_polls_back_off_and_start_again_after_an_answer() -> None:
+    """`/kv_cache_events` failing: each failed poll waits longer (the injected sleep records it),
+    and the first answer that holds events resets the backoff."""
+    answers = [503, 503, 503, 200, 500, 200]
+    served: list[int] = []
+
+    async def events(_: web.Request) -> web.Response:
+        status = answers[min(len(served), len(answers) - 1)]
+        served.append(status)
+        body = [{"event_id": len(served), "data": {"type": "removed", "block_hashes": [1]}}] if status == 200 else []
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_post("/kv_cache_events", events)
+    pauses: list[float] = []
+
+    async def sleep(s: float) -> None:
+        pauses.append(s)
+        await asyncio.sleep(0)
+
+    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
+        got: list[bytes] = []
+
+        def deliver(body: bytes) -> int:
+            got.append(body)
+            return 1
+
+        poller = TrtllmIntake(str(server.make_url("/")), {}, deliver, session, asyncio.get_running_loop().time,
+                              sleep, backoff=Backoff(1.0, 8.0, jitter=0.0))
+        task = asyncio.create_task(poller.run())
+        try:
+            await until(lambda: len(served) >= len(answers))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert pauses[:4] == [1.0, 2.0, 4.0, 1.0]  # three failures back off; after an answer, from the start
+    assert len(got) >= 2
+
+
+async def test_a_relay_that_cannot_bind_is_retried_until_it_is_free(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The supervisor's relay of a bound endpoint (`--workers N`): an address still held is logged
+    and retried with backoff; once free, the engine's batches reach the workers' side unchanged."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = int(busy.getsockname()[1])
+    b = backend("r", port)
+    ctx = zmq.asyncio.Context()
+    worker = ctx.socket(zmq.SUB)
+    worker.setsockopt(zmq.LINGER, 0)
+    worker.setsockopt(zmq.SUBSCRIBE, b"")
+    async with aiohttp.ClientSession() as session:
+        relay = KvRelay(tmp_path, session, backoff=Backoff(0.05, 0.2, jitter=0.0))
+        try:
+            relay.reconcile([b], {})
+            await until(lambda: caplog.text.count("relaying KV events to the workers failed") >= 2)
+            assert "cannot bind" in caplog.text
+            busy.close()
+            worker.connect(relay_endpoint(tmp_path, "r"))
+            engine = Publisher(ctx, f"tcp://127.0.0.1:{port}", 0)
+            try:
+                await engine.subscribed()  # the relay bound the engine's address at last
+                got: list[list[bytes]] = []
+
+                async def relayed_once() -> bool:
+                    await engine.publish(stored([1], list(range(BS))))
+                    try:
+                        async with asyncio.timeout(0.2):
+                            got.append(await worker.recv_multipart())
+                    except TimeoutError:
+                        return False
+                    return True
+
+                async with asyncio.timeout(20):  # (the worker's subscription reaches the relay when it does)
+                    while not await relayed_once():
+                        pass
+                topic, _, payload = got[0]  # [topic, seq, payload], as the engine sent it
+                assert topic == b"kv"
+                assert msgpack.unpackb(payload)[1][0]["block_hashes"] == [1]
+            finally:
+                engine.sock.close(linger=0)
+        finally:
+            busy.close()
+            await relay.close()
+            worker.close(linger=0)
+            ctx.term()
