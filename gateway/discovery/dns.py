@@ -2,7 +2,7 @@
 
 Yields (see source.py) the complete endpoint set after every resolution, one resolution every
 `interval_s` (measured start to start), and `Failed` when a resolution fails, retrying then with
-backoff capped at `interval_s`.
+backoff capped at `interval_s` (`gateway.retrying.forever`: a failure streak ends at the next answer).
 
 What counts as an answer and what as a failure:
 - NXDOMAIN, or no records of the asked type (NODATA), is an answer: that name has no endpoints now.
@@ -37,9 +37,9 @@ import dns.rdatatype
 import dns.resolver
 from dns.rdtypes.IN.SRV import SRV
 
-from ..retrying import Backoff
+from ..retrying import Backoff, forever
 from .endpoints import Endpoint
-from .source import Clock, Failed, Observation, Resolved, Sleep
+from .source import Clock, Failed, Observation, Resolved, Sleep, failure
 
 
 class DnsError(Exception):
@@ -92,27 +92,25 @@ class DnsSource:
         self._srv = srv
         self._interval_s = interval_s
         self._search = search  # apply resolv.conf search domains (only with the system's resolver)
-        self._backoff = backoff or Backoff(max_s=interval_s)
+        self._rng = rng or random.Random()
+        self._backoff = backoff or Backoff(max_s=interval_s, rng=self._rng)
         self._sleep = sleep
         self._clock = clock
-        self._rng = rng or random.Random()
 
     @property
     def name(self) -> str:
         return self._name
 
     async def observe(self) -> AsyncGenerator[Observation, None]:
-        failures = 0
         while True:
-            started = self._clock()
-            try:
-                endpoints = await self.resolve()
-            except DnsError as exc:
-                failures += 1
-                yield Failed(str(exc))
-                await self._sleep(self._backoff.delay(failures, self._rng))
-                continue
-            failures = 0
+            started, endpoints = self._clock(), frozenset[Endpoint]()
+            async for attempt in forever(wait=self._backoff, sleep=self._sleep, retry_on=DnsError):
+                with attempt:
+                    started = self._clock()  # the interval runs from the start of the attempt that answered
+                    endpoints = await self.resolve()
+                error = failure(attempt, DnsError)
+                if error is not None:
+                    yield Failed(str(error))  # then the loop sleeps its backoff and resolves again
             yield Resolved(endpoints)
             await self._sleep(max(0.0, started + self._interval_s - self._clock()))
 

@@ -3,7 +3,7 @@
 A source (`DnsSource`, `KubernetesSource`) is an async iterator of observations: `Resolved(endpoints)`
 with the *complete* current set each time it has an answer, or `Failed(error)` each time an attempt
 fails. A source never ends and never raises (except `CancelledError` when its task is cancelled): it
-retries failures itself with backoff, through the `sleep` it was given.
+retries failures itself (`gateway.retrying`, with backoff, through the `sleep` it was given).
 
 `changes(source)` is what the gateway consumes. It counts every observation once (resolutions and
 errors, the gauge of endpoints; see metrics.py), keeps the last known set in force across failures
@@ -32,6 +32,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
+
+from tenacity import AttemptManager
 
 from .endpoints import Endpoint
 from .metrics import DiscoveryMetrics
@@ -76,6 +78,21 @@ class Change:
     endpoints: frozenset[Endpoint]
     added: frozenset[Endpoint]
     removed: frozenset[Endpoint]
+
+
+def failure(attempt: AttemptManager, retried: type[BaseException] | tuple[type[BaseException], ...]) -> (
+        BaseException | None):
+    """After `with attempt:` in a `gateway.retrying.forever` loop: the error the attempt failed with
+    (one the loop retries: the source yields `Failed` for it, then the loop sleeps its backoff), or
+    None when it succeeded. Any other exception (a cancellation, which the attempt swallowed) is
+    re-raised here, so that the source yields nothing more on its way out."""
+    outcome = attempt.retry_state.outcome
+    if outcome is None or not outcome.failed:
+        return None
+    error = outcome.exception()
+    if error is not None and not isinstance(error, retried):
+        raise error
+    return error
 
 
 async def changes(source: Source, *, metrics: DiscoveryMetrics | None = None) -> AsyncGenerator[Change, None]:
