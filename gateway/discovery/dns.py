@@ -1,12 +1,15 @@
 """DNS discovery: A/AAAA records of a name, or SRV records and then A/AAAA of each target.
 
-Yields (see source.py) the complete endpoint set after every resolution, one resolution every
-`interval_s` (measured start to start), and `Failed` when a resolution fails, retrying then with
-backoff capped at `interval_s` (`gateway.retrying.forever`: a failure streak ends at the next answer).
+Yields (see source.py) the endpoints each resolution names, one resolution every `interval_s`
+(measured start to start), and `Failed` when a resolution fails, retrying then with backoff capped
+at `interval_s` (`gateway.retrying.forever`: a failure streak ends at the next answer). An answer
+may name only some of the records (Route 53 multivalue answers, capped or rotating answers):
+`changes()` holds an address it leaves out for the entry's `leave_after_answers` and `leave_after_s`
+(hysteresis.py) before it leaves.
 
 What counts as an answer and what as a failure:
 - NXDOMAIN, or no records of the asked type (NODATA), is an answer: that name has no endpoints now.
-  A headless Service scaled to zero answers NXDOMAIN, and its backends should leave.
+  A headless Service scaled to zero answers NXDOMAIN, and its backends leave (once the hold is over).
 - A timeout, SERVFAIL, REFUSED, an unreachable nameserver or a malformed reply is a failure: the
   last known set stays. Any failed query fails the whole resolution (a half answer is not complete).
 - SRV: every record's target is resolved (A and AAAA) and used with the record's port; priority
