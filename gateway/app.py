@@ -181,10 +181,13 @@ async def build(
 
     def members_changed(generation: Generation) -> None:
         """The pool's backends changed (discovery, a reload): the live comparison and the routing
-        memory follow (a backend's history stays while it is in the pool)."""
+        memory follow (a backend's history stays while it is in the pool, and while a discovered
+        one that left is remembered, for its return)."""
         pool = generation.pool
-        stats.reconfigure(generation.settings, backends=[s.config for s in pool], pools=pool.groups())
-        routing.retain(s.name for s in pool)
+        remembered = membership.remembered()
+        stats.reconfigure(generation.settings, backends=[s.config for s in pool], pools=pool.groups(),
+                          keep=remembered)
+        routing.retain([*(s.name for s in pool), *remembered])
 
     membership = Membership(
         generations, make_state=lambda b, entry, g: backend_state(b, g.secrets, source=entry),

@@ -10,7 +10,9 @@ discovery:
     runtime: vllm
     model: deepseek-v3
     usd_per_hour: 96
-    dns: {host: vllm-headless.llm.svc.cluster.local, port: 8000, interval_s: 5}
+    remember_s: 3600                # a backend that left and comes back within an hour gets its history back
+    dns: {host: vllm-headless.llm.svc.cluster.local, port: 8000, interval_s: 5,
+          leave_after_answers: 3, leave_after_s: 60}   # an address leaves once missing that long
   - name: sglang-pool
     runtime: sglang
     model: deepseek-v3
@@ -32,6 +34,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backends.base import Runtime
+
+from .hysteresis import LITERAL, Hold
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 # `-` and `:` join the entry name to each address, so an entry name may use neither `:` nor `[]`.
@@ -76,6 +80,11 @@ class DnsDiscovery(_Strict):
     resolver: str | None = None  # nameserver `addr[:port]`; default: the system's (/etc/resolv.conf)
     interval_s: Annotated[float, Field(gt=0)] = 5.0
     timeout_s: Annotated[float, Field(gt=0)] = 2.0  # one resolution, all queries and retries included
+    # An address leaves once missing from this many answers in a row and for this long since an answer
+    # last named it (hysteresis.py): answers that name a subset of the records (Route 53 multivalue,
+    # capped or rotating answers) drain nothing. 1 and 0: every answer is the whole set.
+    leave_after_answers: Annotated[int, Field(ge=1)] = 3
+    leave_after_s: Annotated[float, Field(ge=0)] = 60.0
 
     @field_validator("resolver")
     @classmethod
@@ -97,6 +106,10 @@ class DnsDiscovery(_Strict):
     @property
     def nameserver(self) -> tuple[str, int] | None:
         return None if self.resolver is None else parse_nameserver(self.resolver)
+
+    @property
+    def hold(self) -> Hold:
+        return Hold(answers=self.leave_after_answers, seconds=self.leave_after_s)
 
 
 class KubernetesDiscovery(_Strict):
@@ -140,6 +153,10 @@ class DiscoveryEntry(_Strict):
     chat_template: Literal["chatml", "llama3", "plain"] = "chatml"  # Triton only
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     api_key_file: Path | None = None
+    # A backend that left (drained, then removed) keeps its live-comparison history and routing memory
+    # this long: if its address comes back meanwhile, it gets them back (a pod that flapped Ready, an
+    # address a DNS answer left out for longer than the hold). 0: forgotten when it leaves.
+    remember_s: Annotated[float, Field(ge=0)] = 3600.0
     dns: DnsDiscovery | None = None
     kubernetes: KubernetesDiscovery | None = None
 
@@ -154,6 +171,12 @@ class DiscoveryEntry(_Strict):
     @property
     def kind(self) -> Literal["dns", "kubernetes"]:
         return "dns" if self.dns is not None else "kubernetes"
+
+    @property
+    def hold(self) -> Hold:
+        """How long an endpoint its answers leave out stays: DNS answers may name a subset of the
+        records; a Kubernetes list or watch always gives the whole set (a missing pod is a fact)."""
+        return self.dns.hold if self.dns is not None else LITERAL
 
 
 def duplicate_entry_names(entries: list[DiscoveryEntry], static_backends: list[str]) -> list[str]:

@@ -1,12 +1,15 @@
 """DNS discovery: A/AAAA records of a name, or SRV records and then A/AAAA of each target.
 
-Yields (see source.py) the complete endpoint set after every resolution, one resolution every
-`interval_s` (measured start to start), and `Failed` when a resolution fails, retrying then with
-backoff capped at `interval_s`.
+Yields (see source.py) the endpoints each resolution names, one resolution every `interval_s`
+(measured start to start), and `Failed` when a resolution fails, retrying then with backoff capped
+at `interval_s` (`gateway.retrying.forever`: a failure streak ends at the next answer). An answer
+may name only some of the records (Route 53 multivalue answers, capped or rotating answers):
+`changes()` holds an address it leaves out for the entry's `leave_after_answers` and `leave_after_s`
+(hysteresis.py) before it leaves.
 
 What counts as an answer and what as a failure:
 - NXDOMAIN, or no records of the asked type (NODATA), is an answer: that name has no endpoints now.
-  A headless Service scaled to zero answers NXDOMAIN, and its backends should leave.
+  A headless Service scaled to zero answers NXDOMAIN, and its backends leave (once the hold is over).
 - A timeout, SERVFAIL, REFUSED, an unreachable nameserver or a malformed reply is a failure: the
   last known set stays. Any failed query fails the whole resolution (a half answer is not complete).
 - SRV: every record's target is resolved (A and AAAA) and used with the record's port; priority
@@ -37,9 +40,9 @@ import dns.rdatatype
 import dns.resolver
 from dns.rdtypes.IN.SRV import SRV
 
-from ..retrying import Backoff
+from ..retrying import Backoff, forever
 from .endpoints import Endpoint
-from .source import Clock, Failed, Observation, Resolved, Sleep
+from .source import Clock, Failed, Observation, Resolved, Sleep, failure
 
 
 class DnsError(Exception):
@@ -92,27 +95,25 @@ class DnsSource:
         self._srv = srv
         self._interval_s = interval_s
         self._search = search  # apply resolv.conf search domains (only with the system's resolver)
-        self._backoff = backoff or Backoff(max_s=interval_s)
+        self._rng = rng or random.Random()
+        self._backoff = backoff or Backoff(max_s=interval_s, rng=self._rng)
         self._sleep = sleep
         self._clock = clock
-        self._rng = rng or random.Random()
 
     @property
     def name(self) -> str:
         return self._name
 
     async def observe(self) -> AsyncGenerator[Observation, None]:
-        failures = 0
         while True:
-            started = self._clock()
-            try:
-                endpoints = await self.resolve()
-            except DnsError as exc:
-                failures += 1
-                yield Failed(str(exc))
-                await self._sleep(self._backoff.delay(failures, self._rng))
-                continue
-            failures = 0
+            started, endpoints = self._clock(), frozenset[Endpoint]()
+            async for attempt in forever(wait=self._backoff, sleep=self._sleep, retry_on=DnsError):
+                with attempt:
+                    started = self._clock()  # the interval runs from the start of the attempt that answered
+                    endpoints = await self.resolve()
+                error = failure(attempt, DnsError)
+                if error is not None:
+                    yield Failed(str(error))  # then the loop sleeps its backoff and resolves again
             yield Resolved(endpoints)
             await self._sleep(max(0.0, started + self._interval_s - self._clock()))
 

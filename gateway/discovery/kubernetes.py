@@ -11,11 +11,16 @@ every failed attempt. The protocol, as client-go's reflector runs it:
 3. The watch ends normally (the server's timeout): watch again from the last resourceVersion.
 4. `410 Gone` (as the HTTP status of the watch or list, or as an ERROR event with code 410): that
    resourceVersion is too old; list again at once (not counted as an error, and the new list
-   replaces the store, so objects deleted meanwhile leave). A second 410 before any event waits
-   a backoff first, so that a server which keeps answering 410 is not hammered.
+   replaces the store, so objects deleted meanwhile leave). When the watch from that fresh list is
+   too old again (before any event), the source waits a backoff before it watches again, so that a
+   server which keeps answering 410 is not hammered.
 5. Any other failure (refused connection, dropped stream, timeout, 5xx, 401/403, malformed data):
    counted, then after backoff a new client (credentials re-read) watches again from the last
    resourceVersion, or lists if there was no list yet. The last known set stays in force.
+
+The retries run on `gateway.retrying.forever` (tenacity): one attempt is one step of the above (a
+list, or the next watch event), so a failure streak, and its backoff, ends at the first step that
+succeeds.
 
 Library: kubernetes_asyncio rather than lightkube. kubernetes_asyncio runs on aiohttp, which the
 gateway already uses (it works with our aiohttp 3.x and Python 3.11), its generated API takes
@@ -40,7 +45,7 @@ import functools
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
@@ -48,7 +53,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, DiscoveryV1Api
 from kubernetes_asyncio.client.exceptions import OpenApiException
 
 from .. import json_codec
-from ..retrying import Backoff
+from ..retrying import Backoff, forever
 from .kubernetes_auth import Credentials, CredentialsError
 from .kubernetes_objects import (
     ApiStatusError,
@@ -63,7 +68,7 @@ from .kubernetes_objects import (
     slice_endpoints,
     status_error,
 )
-from .source import Clock, Failed, Observation, Resolved, Sleep
+from .source import Clock, Failed, Observation, Resolved, Sleep, failure
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ListCall = Callable[..., Awaitable[aiohttp.ClientResponse]]
@@ -77,6 +82,30 @@ _FAILURES = (
     CredentialsError,
     OpenApiException,
 )
+
+
+@dataclass(eq=False)
+class _Session:
+    """Where the reflector is: its client, the resourceVersion to watch from (None: list first), the
+    open watch, and whether a 410 came since the last event."""
+
+    api: ApiClient | None = None
+    call: ListCall | None = None
+    version: str | None = None
+    events: AsyncGenerator[WatchEvent, None] | None = None
+    expired: bool = False
+
+    async def end_watch(self) -> None:
+        if self.events is not None:
+            events, self.events = self.events, None
+            await events.aclose()
+
+    async def disconnect(self) -> None:
+        """Close the watch and the client: the next step makes a new client (credentials re-read)."""
+        await self.end_watch()
+        if self.api is not None:
+            api, self.api, self.call = self.api, None, None
+            await api.close()
 
 
 class KubernetesSource:
@@ -112,10 +141,10 @@ class KubernetesSource:
             self._contribute = pod_endpoints(port)
         else:
             raise ValueError("a label selector needs a port number")
-        self._backoff = backoff or Backoff()
+        self._rng = rng or random.Random()
+        self._backoff = backoff or Backoff(rng=self._rng)
         self._sleep = sleep
         self._clock = clock
-        self._rng = rng or random.Random()
         self._watch_timeout_s = watch_timeout_s
         self._list_timeout_s = list_timeout_s
         self._page_size = page_size
@@ -126,44 +155,55 @@ class KubernetesSource:
 
     async def observe(self) -> AsyncGenerator[Observation, None]:
         store = Store(self._contribute)
-        version: str | None = None  # None: (re-)list before watching
-        failures = 0
-        expired = 0  # 410s in a row without an event between them
-        api: ApiClient | None = None
-        call: ListCall | None = None
+        session = _Session()
         try:
-            while True:
-                try:
-                    if api is None:
-                        api, default_namespace = await self._credentials.client()
-                        call = self._list_call(api, self._namespace or default_namespace)
-                    assert call is not None
-                    if version is None:
-                        version = await self._list(call, store)
-                        failures = 0
-                        yield Resolved(store.endpoints())
-                    async with aclosing(self._watch(call, version)) as events:
-                        async for event in events:
-                            failures = expired = 0
-                            version = event.resource_version or version
-                            if event.type != "BOOKMARK":
-                                store.apply(event)
-                                yield Resolved(store.endpoints())
-                except ResourceExpired:
-                    version = None  # too old: list again, at once the first time
-                    expired += 1
-                    if expired > 1:  # a server whose fresh list is already too old to watch from
-                        await self._sleep(self._backoff.delay(expired - 1, self._rng))
-                except _FAILURES as exc:
-                    failures += 1
-                    yield Failed(f"{type(exc).__name__}: {exc}")
-                    if api is not None:
-                        await api.close()
-                        api = None
-                    await self._sleep(self._backoff.delay(failures, self._rng))
+            while True:  # one step per pass; the loop retries a step that fails
+                async for attempt in forever(wait=self._backoff, sleep=self._sleep, retry_on=_FAILURES):
+                    answers: list[Resolved] = []
+                    with attempt:
+                        await self._step(session, store, answers)
+                    error = failure(attempt, _FAILURES)
+                    for answer in answers:  # a relist's set, also when the watch from it failed
+                        yield answer
+                    if error is not None and not isinstance(error, ResourceExpired):
+                        yield Failed(f"{type(error).__name__}: {error}")
+                        await session.disconnect()
         finally:
-            if api is not None:
-                await api.close()
+            await session.disconnect()
+
+    async def _step(self, session: _Session, store: Store, answers: list[Resolved]) -> None:
+        """One step: a client if there is none, then the list (when there is no version to watch
+        from) or the next watch event, each answer appended to `answers`. A 410 relists at once; a
+        410 again before any event relists too, then raises `ResourceExpired` for the loop's backoff."""
+        if session.api is None or session.call is None:
+            session.api, default_namespace = await self._credentials.client()
+            session.call = self._list_call(session.api, self._namespace or default_namespace)
+        call = session.call
+        if session.version is None:
+            session.version = await self._list(call, store)
+            answers.append(Resolved(store.endpoints()))
+            return
+        try:
+            if session.events is None:
+                session.events = self._watch(call, session.version)
+            event = await anext(session.events, None)
+        except ResourceExpired:
+            await session.end_watch()
+            session.version = None
+            again, session.expired = session.expired, True
+            session.version = await self._list(call, store)
+            answers.append(Resolved(store.endpoints()))
+            if again:
+                raise
+            return
+        if event is None:  # the watch ended (the server's timeout): the next step watches again
+            await session.end_watch()
+            return
+        session.expired = False
+        session.version = event.resource_version or session.version
+        if event.type != "BOOKMARK":
+            store.apply(event)
+            answers.append(Resolved(store.endpoints()))
 
     def _list_call(self, api: ApiClient, namespace: str) -> ListCall:
         if self._slices:

@@ -5,7 +5,10 @@
 - `gateway_discovery_changes_total{source,change="added"|"removed"}`: endpoints that joined or left.
 - `gateway_discovery_errors_total{source}`: failed attempts (each is retried with backoff; the last
   known endpoints stay in force meanwhile).
-- `gateway_discovery_endpoints{source}`: endpoints the source has now.
+- `gateway_discovery_endpoints{source}`: endpoints the source has in force now.
+- `gateway_discovery_endpoints_missing{source}`: of those, the ones its last answer did not name,
+  kept by the entry's hold (DNS `leave_after_answers` / `leave_after_s`) until absent long enough.
+  Steadily above zero: the name server answers with subsets of the records.
 
 `source` is the discovery entry's name: a config name, so the label set is bounded.
 """
@@ -37,6 +40,12 @@ class DiscoveryMetrics:
         self._endpoints = Gauge(
             "gateway_discovery_endpoints", "Endpoints a discovery source has now.", ["source"], registry=registry
         )
+        self._missing = Gauge(
+            "gateway_discovery_endpoints_missing",
+            "Endpoints in force that the source's last answer did not name (held until absent long enough).",
+            ["source"],
+            registry=registry,
+        )
 
     def declare(self, source: str) -> None:
         """Create the source's series at zero, so that they exist before its first answer."""
@@ -45,9 +54,11 @@ class DiscoveryMetrics:
         self._changes.labels(source, "added")
         self._changes.labels(source, "removed")
         self._endpoints.labels(source).set(0)
+        self._missing.labels(source).set(0)
 
-    def resolved(self, source: str) -> None:
+    def resolved(self, source: str, *, missing: int = 0) -> None:
         self._resolutions.labels(source).inc()
+        self._missing.labels(source).set(missing)
 
     def failed(self, source: str) -> None:
         self._errors.labels(source).inc()

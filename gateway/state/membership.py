@@ -9,8 +9,14 @@ change of its endpoint set to the pools that serve requests. What is guaranteed:
 - A backend that leaves is drained: it is out of every route at once (no new requests, retries
   included), the requests in flight on it finish, and once none is (checked every
   `health.interval_s`; at the latest after `timeouts.total_s`, by when every request has ended) it
-  is removed from the pool and the live comparison and the routing memory forget it. One that
-  comes back while draining is taken back (not routable until its next passing probe).
+  is removed from the pool. One that comes back while draining is taken back (not routable until
+  its next passing probe). "Leaves" is the source's set in force: a DNS entry holds an address its
+  answers leave out until it has been missing long enough (`discovery.hysteresis`).
+- A backend that left is remembered for its entry's `remember_s` from the moment it started to
+  drain (`remembered()`): the composition root keeps its live-comparison history and routing
+  memory (prefix memory, learned rates) meanwhile, and a backend that comes back gets them back
+  (a pod that flapped Ready, an address that was missing longer than the hold). Then they are
+  forgotten; so are the oldest beyond `REMEMBERED_MAX` per entry.
 - A source that fails keeps its last known backends (the sources guarantee it; nothing here
   changes on a failure).
 - Membership belongs to the app, not to a config generation: each generation's pool is built from
@@ -44,6 +50,8 @@ from .generations import Generation, Generations
 from .pool import BackendState
 
 log = logging.getLogger(__name__)
+
+REMEMBERED_MAX = 64  # backends that left, remembered per entry (the oldest are forgotten first)
 
 MakeState = Callable[[Backend, str, Generation], BackendState]  # (config, entry name, generation)
 MakeSource = Callable[[DiscoveryEntry], Source]
@@ -95,6 +103,7 @@ class Membership:
         self._sleep = sleep
         self._on_change = on_change
         self._followed: dict[str, _Followed] = {}
+        self._left: dict[str, tuple[str, float]] = {}  # backend -> (its entry, when it started to drain)
         self._newest: Generation | None = None
         self._running = False
         self._tasks: set[asyncio.Task[None]] = set()  # probes, the reaper, sources being stopped
@@ -113,6 +122,7 @@ class Membership:
         for name in [n for n in self._followed if n not in entries]:
             self._stop_following(self._followed.pop(name))
             log.info("discovery %s: removed from the config, stopped", name)
+        self._left = {b: (e, at) for b, (e, at) in self._left.items() if e in entries}
         for name, entry in entries.items():
             followed = self._followed.get(name)
             if followed is None:
@@ -129,6 +139,13 @@ class Membership:
     def discovered(self) -> list[tuple[Backend, str]]:
         """Every discovered backend now, with the entry it came from: what a new pool starts with."""
         return [(b, name) for name, f in self._followed.items() for b in f.backends.values()]
+
+    def remembered(self) -> set[str]:
+        """Backends that left lately (within their entry's `remember_s`): their history and routing
+        memory wait for their return."""
+        now = self._clock()
+        return {b for b, (entry, at) in self._left.items()
+                if (f := self._followed.get(entry)) is not None and now - at < f.entry.remember_s}
 
     def adopt(self, generation: Generation) -> None:
         """`generation` was just built from `discovered()` (it may not be installed yet)."""
@@ -191,7 +208,9 @@ class Membership:
             log.error("%s ended: %r (its last backends stay)", task.get_name(), task.exception())
 
     async def _run(self, followed: _Followed) -> None:
-        async for change in changes(self._make_source(followed.entry), metrics=self._metrics):
+        entry = followed.entry  # a restarted source starts from the set in force (its hold counts from now)
+        async for change in changes(self._make_source(entry), metrics=self._metrics, hold=entry.hold,
+                                    clock=self._clock, known=followed.endpoints):
             try:
                 self.apply(followed.entry.name, change.endpoints)
             except Exception:  # one bad change must not stop following the source
@@ -212,6 +231,9 @@ class Membership:
         if not joined and not left:
             return
         now = self._clock()
+        self._remember(name, left, now)
+        for config in joined:
+            self._left.pop(config.name, None)
         newest = self._newest
         for generation in self._live():
             pool = generation.pool
@@ -230,6 +252,28 @@ class Membership:
         if newest is not None:
             log.info("discovery %s: %s joined, %s draining", name, [b.name for b in joined] or "none", left or "none")
             self._on_change(newest)
+
+    def _remember(self, entry: str, left: list[str], now: float) -> None:
+        followed = self._followed[entry]
+        if followed.entry.remember_s <= 0:
+            return
+        for name in left:
+            self._left.pop(name, None)  # to the end: the newest
+            self._left[name] = (entry, now)
+        mine = [b for b, (e, _) in self._left.items() if e == entry]  # oldest first (insertion order)
+        for name in mine[:max(0, len(mine) - REMEMBERED_MAX)]:
+            del self._left[name]
+
+    def forget_expired(self) -> None:
+        """Backends remembered past their entry's `remember_s` are forgotten (the composition root
+        drops their history and routing memory)."""
+        remembered = self.remembered()
+        expired = [b for b in self._left if b not in remembered]
+        for name in expired:
+            del self._left[name]
+        if expired and self._newest is not None:
+            log.info("discovery: forgot %d backend(s) that left more than remember_s ago", len(expired))
+            self._on_change(self._newest)
 
     def _live(self) -> list[Generation]:
         """The newest generation, the current one and the retired ones still finishing requests."""
@@ -268,5 +312,6 @@ class Membership:
             await self._sleep(newest.settings.health.interval_s if newest is not None else 1.0)
             try:
                 self.reap()
+                self.forget_expired()
             except Exception:
                 log.exception("discovery: reaping drained backends failed")

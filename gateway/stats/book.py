@@ -5,7 +5,9 @@ the whole gateway), so label-like cardinality and memory are bounded no matter w
 Embedding models are not generation: the backends of `embeddings` routes have their own runtime
 groups (`vllm/embeddings`, ...) and stay out of the whole gateway's figures, and tokenize requests
 are not filed at all (they run no engine work worth comparing).
-Discovered backends get groups while they are in the pool (`reconfigure(..., backends=, pools=)`).
+Discovered backends get groups while they are in the pool (`reconfigure(..., backends=, pools=)`);
+one that left is kept aside while the composition root says so (`keep=`: its discovery entry's
+`remember_s`), out of every report, and comes back with its history if it returns meanwhile.
 The book reads no clock: each Outcome carries `finished_at` (the Recorder stamps it with the app's
 clock) and each query is given `now`.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -81,6 +83,7 @@ class StatsBook:
         self._rng = random.Random(seed)
         self._advanced_s: int | None = None  # the second the groups were last advanced to by `record`
         self.backends: dict[str, Group] = {}
+        self.absent: dict[str, Group] = {}  # backends that left, kept for their return (`reconfigure(keep=)`)
         self.runtimes: dict[str, Group] = {}
         self.arms: dict[tuple[str, str], Group] = {}
         self.total = self._group("total", "all", [b.name for b in settings.backends
@@ -93,11 +96,13 @@ class StatsBook:
 
     def reconfigure(
         self, settings: Settings, *, backends: Sequence[Backend] | None = None,
-        pools: Mapping[str, Sequence[str]] | None = None,
+        pools: Mapping[str, Sequence[str]] | None = None, keep: Collection[str] = (),
     ) -> None:
         """Adopt a (re)loaded config, or a change of discovered backends: groups for new backends,
         runtimes and arms start empty; existing ones keep their history (a backend is identified by
-        its name), with membership and prices updated. Groups no longer there are dropped.
+        its name), with membership and prices updated. Groups no longer there are dropped, except
+        the backend groups named in `keep`: set aside (in no report), and back with their history
+        when their backend is listed again.
 
         `backends` are the pool's (default: the config's static ones); `pools` maps each discovery
         pool that an arm may name to its current members."""
@@ -111,12 +116,14 @@ class StatsBook:
         embedding = frozenset(expand(sorted(settings.embedding_backends)))
         self.prices = {b.name: b.usd_per_hour for b in listed}
         backends_now = {}
+        known = {**self.absent, **self.backends}
         for b in listed:
-            old = self.backends.get(b.name)
+            old = known.get(b.name)
             task = "embeddings" if b.name in embedding else "generate"
             backends_now[b.name] = (replace(old, task=task) if old is not None
                                     else self._group("backend", b.name, [b.name], b.runtime.value, task=task))
         self.backends = backends_now
+        self.absent = {n: g for n, g in known.items() if n in keep and n not in backends_now}
         members: dict[str, list[str]] = {}
         for b in listed:
             members.setdefault(runtime_group(b.runtime.value, b.name in embedding), []).append(b.name)

@@ -22,13 +22,15 @@ def dnsmasq(tmp_path: Path) -> Iterator[Dnsmasq]:
 
 @pytest.fixture
 async def follow() -> AsyncIterator[Follow]:
-    """Start `changes(make_source(entry))` with a StepSleep, a still clock and a seeded rng."""
+    """Start `changes(make_source(entry), hold=entry.hold)` with a StepSleep, a seeded rng and a
+    clock (default: one that stands still)."""
     followers: list[Follower] = []
 
-    def start(config: DiscoveryEntry, **options: Any) -> tuple[Follower, StepSleep]:
+    def start(config: DiscoveryEntry, *, clock: Callable[[], float] = lambda: 100.0,
+              **options: Any) -> tuple[Follower, StepSleep]:
         sleep = StepSleep()
-        source = make_source(config, sleep=sleep, clock=lambda: 100.0, rng=random.Random(3), **options)
-        followers.append(Follower(source))
+        source = make_source(config, sleep=sleep, clock=clock, rng=random.Random(3), **options)
+        followers.append(Follower(source, hold=config.hold, clock=clock))
         return followers[-1], sleep
 
     yield start

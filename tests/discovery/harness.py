@@ -24,6 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.discovery import Change, DiscoveryMetrics, Endpoint, Source, changes
+from gateway.discovery.hysteresis import LITERAL, Hold
 from tests.polling import until
 
 
@@ -54,13 +55,13 @@ class StepSleep:
 class Follower:
     """`changes(source)` in a task, recording every change and counting on its own registry."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, *, hold: Hold = LITERAL, clock: Callable[[], float] = lambda: 100.0) -> None:
         self.registry = CollectorRegistry()
         self.seen: list[Change] = []
-        self._task = asyncio.create_task(self._follow(source, DiscoveryMetrics(self.registry)))
+        self._task = asyncio.create_task(self._follow(source, DiscoveryMetrics(self.registry), hold, clock))
 
-    async def _follow(self, source: Source, metrics: DiscoveryMetrics) -> None:
-        async for change in changes(source, metrics=metrics):
+    async def _follow(self, source: Source, metrics: DiscoveryMetrics, hold: Hold, clock: Callable[[], float]) -> None:
+        async for change in changes(source, metrics=metrics, hold=hold, clock=clock):
             self.seen.append(change)
 
     @property

@@ -1,5 +1,7 @@
 """DNS discovery against a real dnsmasq on loopback (A/AAAA from a hosts file it re-reads on SIGHUP,
-SRV from its command line). Each `step()` lets the source resolve exactly once more."""
+SRV from its command line). Each `step()` lets the source resolve exactly once more. The entries
+follow every answer literally (`leave_after_answers: 1, leave_after_s: 0`) unless a test is about
+the hold."""
 
 from __future__ import annotations
 
@@ -17,8 +19,19 @@ SOURCE = "pool"
 def entry(dnsmasq: Dnsmasq, **dns: Any) -> DiscoveryEntry:
     return DiscoveryEntry.model_validate({
         "name": SOURCE, "runtime": "vllm", "model": "m", "usd_per_hour": 12,
-        "dns": {"resolver": dnsmasq.resolver, "interval_s": INTERVAL_S, "timeout_s": 0.3, **dns},
+        "dns": {"resolver": dnsmasq.resolver, "interval_s": INTERVAL_S, "timeout_s": 0.3,
+                "leave_after_answers": 1, "leave_after_s": 0, **dns},
     })
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def total(follower: Follower, name: str, **labels: str) -> float:
@@ -26,12 +39,13 @@ def total(follower: Follower, name: str, **labels: str) -> float:
 
 
 async def following(dnsmasq: Dnsmasq, follow: Follow, hosts: dict[str, Iterable[str]], first: Iterable[Endpoint], *,
-                    srv_records: Iterable[str] = (), **dns: Any) -> tuple[Follower, StepSleep]:
+                    srv_records: Iterable[str] = (), clock: Clock | None = None,
+                    **dns: Any) -> tuple[Follower, StepSleep]:
     """dnsmasq serving `hosts` (and `srv_records`), a source resolving `dns` from it, its first set `first`, and
     the source asleep until the next `step()`."""
     dnsmasq.write_hosts(hosts)
     dnsmasq.start(srv=srv_records)
-    follower, sleep = follow(entry(dnsmasq, **dns))
+    follower, sleep = follow(entry(dnsmasq, **dns), **({} if clock is None else {"clock": clock}))
     assert await follower.changed(1) == frozenset(first)
     await sleep.asleep()
     return follower, sleep
@@ -67,6 +81,47 @@ async def test_a_records_join_and_leave(dnsmasq: Dnsmasq, follow: Follow) -> Non
     assert total(follower, "errors_total") == 0
     names = [b.name for b in backends_of(entry(dnsmasq, host="pool.test", port=8000), follower.sets[-1])]
     assert names == ["pool-127.0.0.3:8000", "pool-127.0.0.4:8000"]
+
+
+async def test_answers_naming_subsets_drain_nothing_until_an_address_is_missing_for_the_hold(
+    dnsmasq: Dnsmasq, follow: Follow,
+) -> None:
+    """A name server that names 2 of 3 records per answer, in turn (capped or rotating answers,
+    Route 53 multivalue answers): with the hold, the set in force is all three, and stays so."""
+    clock = Clock(100.0)
+    follower, sleep = await following(dnsmasq, follow, {"pool.test": ["127.0.0.2", "127.0.0.3"]},
+                                      endpoints(8000, "127.0.0.2", "127.0.0.3"), clock=clock,
+                                      host="pool.test", port=8000, leave_after_answers=3, leave_after_s=10)
+    rotation = [["127.0.0.3", "127.0.0.4"], ["127.0.0.4", "127.0.0.2"], ["127.0.0.2", "127.0.0.3"]] * 4
+    for subset in rotation:  # one answer every 5 s, each missing one of the three
+        clock.now += INTERVAL_S
+        await republish(dnsmasq, sleep, {"pool.test": subset})
+    everyone = endpoints(8000, "127.0.0.2", "127.0.0.3", "127.0.0.4")
+    assert follower.sets == [endpoints(8000, "127.0.0.2", "127.0.0.3"), everyone]  # .4 joined; none left
+    assert total(follower, "changes_total", change="removed") == 0
+    assert total(follower, "endpoints_missing") == 1
+    assert total(follower, "resolutions_total") == 1 + len(rotation)
+
+    # .2 is gone for good: it leaves at the third answer without it (by then 15 s since it was named)
+    for n in range(3):
+        clock.now += INTERVAL_S
+        await republish(dnsmasq, sleep, {"pool.test": ["127.0.0.3", "127.0.0.4"]})
+        assert len(follower.seen) == (2 if n < 2 else 3)
+    assert await follower.changed(3) == endpoints(8000, "127.0.0.3", "127.0.0.4")
+    assert follower.seen[2].removed == endpoints(8000, "127.0.0.2")
+    assert total(follower, "endpoints_missing") == 0
+
+    # A spell of failures runs the seconds but not the answers: one partial answer after it drains nothing.
+    dnsmasq.stop()
+    for _ in range(3):
+        clock.now += INTERVAL_S
+        await sleep.step()
+    dnsmasq.write_hosts({"pool.test": ["127.0.0.3"]})
+    dnsmasq.start()
+    await sleep.step()
+    assert total(follower, "errors_total") == 3
+    assert len(follower.seen) == 3
+    assert total(follower, "endpoints_missing") == 1
 
 
 async def test_a_stopped_server_keeps_the_last_set_and_a_restarted_one_is_followed_again(

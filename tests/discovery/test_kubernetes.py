@@ -143,12 +143,14 @@ async def test_410_again_and_again_backs_off(kube_stub: StubFactory, follow: Fol
     stub.compacted = 10**9  # every watch is too old, even from a fresh list
     follower, sleep = await pods_source(stub, tmp_path, follow)
     assert await follower.changed(1) == endpoints(PORT, "127.0.0.2")
-    await sleep.asleep(1)
-    assert history(stub) == [("list", None), ("watch", "101"), ("list", None), ("watch", "101")]
+    await sleep.asleep(1)  # the first 410 relists at once; the second relists, then backs off
+    assert history(stub) == [("list", None), ("watch", "101"), ("list", None), ("watch", "101"), ("list", None)]
     await sleep.step()
-    assert len(stub.requests) == 6
+    assert history(stub)[5:] == [("watch", "101"), ("list", None)]
+    await sleep.step()
+    assert len(stub.requests) == 9
     assert sleep.asked == sorted(sleep.asked)
-    assert sleep.asked[1] > sleep.asked[0]
+    assert sleep.asked[2] > sleep.asked[1] > sleep.asked[0]  # the streak goes on across the relists
     assert total(follower, "errors_total") == 0
 
 

@@ -103,10 +103,14 @@ class Gateway:
         assert response.status_code == 200, response.text
 
 
-def config_of(*, price: float = 10.0, host: str = "pool.test", **extra: Any) -> dict[str, Any]:
+def config_of(*, price: float = 10.0, host: str = "pool.test", remember_s: float = 3600.0,
+              **extra: Any) -> dict[str, Any]:
+    """One DNS entry whose answers are followed literally (the scripted source says the whole set
+    each time; the hold has tests of its own), and a round-robin route over its pool."""
     return {
         "discovery": [{"name": "pool", "runtime": "vllm", "model": "tiny-moe", "usd_per_hour": price,
-                       "dns": {"host": host, "port": 8000}}],
+                       "remember_s": remember_s,
+                       "dns": {"host": host, "port": 8000, "leave_after_answers": 1, "leave_after_s": 0}}],
         "routes": [{"model": "moe", "backends": ["pool"], "policy": "round_robin"}],
         "health": {"interval_s": 0.05, "failure_threshold": 50},
         **extra,
@@ -233,8 +237,9 @@ async def test_a_backend_that_disappears_drains_its_streams_then_leaves(
         (on_b,) = [s for s in streams if s.headers["x-gateway-backend"] == name_of(b)]
         await drain_b_while_its_stream_runs(gw, a, b, on_b)
     await wait_for(lambda: gone(gw, name_of(b)))
-    assert name_of(b) not in await gw.compared()  # its history leaves with it
-    assert name_of(b) not in gw.built.generations.current.proxy.routing.latency  # routing memory forgotten
+    assert name_of(b) not in await gw.compared()  # out of the comparison...
+    assert name_of(b) in gw.built.stats.absent  # ...its history kept aside for its return (remember_s)
+    assert name_of(b) in gw.built.generations.current.proxy.routing.latency  # and its routing memory
     assert gw.metric("gateway_discovery_changes_total", source="pool", change="removed") == 1
     assert gw.metric("gateway_discovery_endpoints", source="pool") == 1
 
@@ -265,6 +270,49 @@ async def draining(gw: Gateway, name: str) -> bool:
 
 async def gone(gw: Gateway, name: str) -> bool:
     return name not in await gw.backends()
+
+
+async def test_a_backend_that_comes_back_within_remember_s_gets_its_history_and_memory_back(
+    gateway: Callable[..., Any], emulators: Callable[..., Any],
+) -> None:
+    a, b = await emulators(), await emulators()
+    gw: Gateway = await gateway(config_of())
+    routing = gw.built.generations.current.proxy.routing
+    gw.source.say(found(a, b))
+    await wait_for(lambda: both_ready(gw, a, b))
+    served = [(await gw.ask())[0] for _ in range(6)]
+    on_b = served.count(name_of(b))
+    assert on_b == 3  # round robin
+    learned = routing.latency[name_of(b)]
+    windows = gw.built.stats.backends[name_of(b)].series
+    await wait_for(lambda: counted(gw, name_of(b), on_b))  # the window counts completed seconds
+
+    gw.source.say(found(a))  # b leaves (a pod no longer Ready, a record gone for longer than the hold)...
+    await wait_for(lambda: gone(gw, name_of(b)))
+    assert name_of(b) not in gw.built.stats.backends
+    gw.source.say(found(a, b))  # ...and comes back
+    await wait_for(lambda: ready_now(gw, name_of(b)))
+    assert gw.built.stats.backends[name_of(b)].series is windows  # its history is back...
+    await wait_for(lambda: counted(gw, name_of(b), on_b))  # ...in the comparison
+    assert routing.latency[name_of(b)] == learned  # so are its learned rates
+    assert gw.metric("gateway_discovery_changes_total", source="pool", change="removed") == 1
+
+    # A reload shortens remember_s; b leaves again and is forgotten once that has passed.
+    await gw.reload(config_of(remember_s=0.2))
+    gw.source.say(found(a))
+    await wait_for(lambda: gone(gw, name_of(b)))
+    await until(lambda: name_of(b) not in gw.built.stats.absent and name_of(b) not in routing.latency)
+    gw.source.say(found(a, b))
+    await wait_for(lambda: ready_now(gw, name_of(b)))
+    assert gw.built.stats.backends[name_of(b)].series is not windows  # a newcomer again
+    await wait_for(lambda: counted(gw, name_of(b), 0))
+
+
+async def counted(gw: Gateway, name: str, requests: int) -> bool:
+    """`name` is in the live comparison with `requests` requests in the 60-minute window (its
+    document is cached per clock second: poll this; a cached one may predate the last change)."""
+    body = (await gw.http.get("/admin/compare", params={"window": 3600})).json()
+    return {row["name"]: int(row["requests"]) for row in body["backends"]}.get(name) == requests
 
 
 async def test_a_failing_source_keeps_the_last_backends(

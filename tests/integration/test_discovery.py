@@ -7,6 +7,7 @@ probe) and drain."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ def test_a_dns_discovered_fleet_changes_under_load_without_a_client_error(
     dnsmasq.start()
     entry = {"name": "pool", "runtime": "vllm", "model": "tiny-moe", "usd_per_hour": 12.0,
              "dns": {"host": "pool.test", "port": port, "resolver": dnsmasq.resolver, "interval_s": 0.2,
-                     "timeout_s": 1.0}}
+                     "timeout_s": 1.0, "leave_after_answers": 2, "leave_after_s": 1.0}}
     routes = [{"model": "moe", "backends": ["pool"], "policy": "round_robin"}]
     gw = gateway([], routes=routes, discovery=[entry], health=POLL)  # no static backends at all
     name = {e: f"pool-{e.url.removeprefix('http://')}" for e in (a, b)}
@@ -171,6 +172,88 @@ def test_a_dns_discovered_fleet_changes_under_load_without_a_client_error(
     assert gw.metric("gateway_discovery_endpoints", source="pool") == 2
     assert gw.metric("gateway_discovery_errors_total", source="pool") == 0
     assert gw.metric("gateway_requests_total", backend=name[c], status="200") > 0
+
+
+def publish(dnsmasq: Dnsmasq, addresses: list[str]) -> None:
+    dnsmasq.write_hosts({"pool.test": addresses})
+    dnsmasq.reload()
+
+
+def compared(gw: GatewayProcess) -> dict[str, int]:
+    """Requests per backend in the live comparison's 60-minute window (the document is cached per
+    clock second: poll it)."""
+    rows = gw.get("/admin/compare", params={"window": 3600}).json()["backends"]
+    return {row["name"]: int(row["requests"]) for row in rows}
+
+
+def test_dns_answers_naming_rotating_subsets_drain_nothing_and_keep_the_comparison(
+    dnsmasq: Dnsmasq, emulators: Emulators, gateway: StartGateway,
+) -> None:
+    """Issue 22, item 11: a name server that names 3 of the 4 records per answer, a different 3 each
+    time (capped or rotating answers; Route 53 multivalue answers pick at random). With the hold,
+    no backend drains while each keeps appearing, and every request stays in the comparison; one
+    that truly disappears drains once missing for `leave_after_s`, and gets its history back when
+    it returns within `remember_s`."""
+    emus = fleet(emulators, "vllm", 4)  # on 127.0.0.2 ... 127.0.0.5
+    port = port_of(emus[0])
+    addresses = [f"127.0.0.{i}" for i in range(2, 6)]
+    name = {a: f"pool-{a}:{port}" for a in addresses}
+    hold_s = 10.0
+    dnsmasq.write_hosts({"pool.test": addresses[:3]})
+    dnsmasq.start()
+    entry = {"name": "pool", "runtime": "vllm", "model": "tiny-moe",
+             "dns": {"host": "pool.test", "port": port, "resolver": dnsmasq.resolver, "interval_s": 0.2,
+                     "timeout_s": 1.0, "leave_after_answers": 3, "leave_after_s": hold_s}}
+    gw = gateway([], routes=[{"model": "moe", "backends": ["pool"], "policy": "round_robin"}],
+                 discovery=[entry], health=POLL)
+    healthy(gw, *(name[a] for a in addresses[:3]))
+
+    def resolutions() -> float:
+        return gw.metric("gateway_discovery_resolutions_total", source="pool")
+
+    def answered_since(count: float) -> Callable[[], bool]:
+        return lambda: resolutions() >= count + 2  # the gateway has had the new answer twice
+
+    load = Load(gw)
+    try:
+        for turn in range(12):  # each subset leaves one address out, in turn
+            publish(dnsmasq, [addresses[(turn + k) % 4] for k in range(3)])
+            eventually(answered_since(resolutions()))
+            rows = backends(gw)
+            assert not [n for n, r in rows.items() if r["draining"]], rows
+        assert gw.metric("gateway_discovery_changes_total", source="pool", change="removed") == 0  # no drain
+        healthy(gw, *name.values())
+        load.more(20)
+    finally:
+        load.stop()
+    assert load.errors == []
+    assert gw.metric("gateway_discovery_endpoints", source="pool") == 4
+    assert set(backends(gw)) == set(name.values())
+    assert {n for n, count in load.served.items() if count} == set(name.values())
+
+    def served() -> dict[str, int]:
+        return {n: int(gw.metric("gateway_requests_total", backend=n)) for n in name.values()}
+
+    # Every request is in the 60-minute window, in its backend's row (the window counts completed seconds).
+    wait_for(lambda: (compared(gw), served()), lambda got: got[0] == got[1], what="the comparison = /metrics")
+
+    # 127.0.0.5 is gone for good: held for `leave_after_s` after the last answer that named it, then drained.
+    gone = name[addresses[3]]
+    before = served()[gone]
+    published = time.monotonic()
+    publish(dnsmasq, addresses[:3])
+    eventually(lambda: gw.metric("gateway_discovery_endpoints_missing", source="pool") == 1)
+    wait_for(lambda: backends(gw), lambda rows: gone not in rows or rows[gone]["draining"], timeout=hold_s + 30,
+             what=f"{gone} drained")
+    assert time.monotonic() - published >= hold_s - 0.5  # not before the hold (less the answer in flight)
+    wait_for(lambda: backends(gw), lambda rows: gone not in rows, what=f"{gone} gone")
+    wait_for(lambda: compared(gw), lambda rows: gone not in rows, what=f"{gone} out of the comparison")
+    assert gw.metric("gateway_discovery_changes_total", source="pool", change="removed") == 1
+
+    # It comes back within `remember_s` (an hour by default): its history is back.
+    publish(dnsmasq, addresses)
+    healthy(gw, gone)
+    wait_for(lambda: compared(gw).get(gone), lambda got: got == before, what=f"{gone}'s {before} requests back")
 
 
 def write_config(gw: GatewayProcess, config: dict[str, Any]) -> None:
@@ -226,6 +309,47 @@ def test_a_kubernetes_discovered_fleet_changes_under_load_without_a_client_error
         watches = [r for r in stub.requests if r.watch]
         assert watches  # listed, then watched
         assert {r.authorization for r in stub.requests} == {"Bearer stub-token"}
+    finally:
+        loop_thread.run(stub.stop())
+
+
+def test_a_pod_that_flaps_ready_gets_its_history_back(
+    loop_thread: LoopThread, emulators: Emulators, gateway: StartGateway, tmp_path: Path,
+) -> None:
+    """A watch's answers are whole: a pod no longer Ready drains at once (no hold). It is remembered
+    for `remember_s`, so when it is Ready again it has its live-comparison history back."""
+    a, _ = fleet(emulators, "sglang", 2)
+    port = port_of(a)
+    stub = KubeStub("pods", token="stub-token")
+
+    def change(what: Callable[[], None]) -> None:
+        loop_thread.run(_call(what))
+
+    loop_thread.run(stub.start())
+    try:
+        change(lambda: stub.add(pod("a", "127.0.0.2")))
+        change(lambda: stub.add(pod("b", "127.0.0.3")))
+        entry = {"name": "sglang-pool", "runtime": "sglang", "model": "tiny-moe",
+                 "kubernetes": {"label_selector": "app=sglang", "port": port,
+                                "kubeconfig": str(kubeconfig(tmp_path / "kubeconfig", stub)), "context": "stub"}}
+        gw = gateway([], routes=[{"model": "moe", "backends": ["sglang-pool"], "policy": "round_robin"}],
+                     discovery=[entry], health=POLL)
+        name_a = f"sglang-pool-127.0.0.2:{port}"
+        healthy(gw, name_a, f"sglang-pool-127.0.0.3:{port}")
+        client = gw.client()
+        for _ in range(6):
+            client.chat.completions.create(model="moe", messages=[{"role": "user", "content": "x"}], max_tokens=4)
+        before = int(gw.metric("gateway_requests_total", backend=name_a))
+        assert before == 3  # round robin
+        wait_for(lambda: compared(gw).get(name_a), lambda got: got == before, what="a's requests compared")
+
+        change(lambda: stub.modify(pod("a", "127.0.0.2", ready=False)))
+        wait_for(lambda: backends(gw), lambda rows: name_a not in rows, what="a gone")
+        wait_for(lambda: compared(gw), lambda rows: name_a not in rows, what="a out of the comparison")
+        change(lambda: stub.modify(pod("a", "127.0.0.2")))
+        healthy(gw, name_a)
+        wait_for(lambda: compared(gw).get(name_a), lambda got: got == before, what="a's history back")
+        assert gw.metric("gateway_discovery_changes_total", source="sglang-pool", change="removed") == 1
     finally:
         loop_thread.run(stub.stop())
 

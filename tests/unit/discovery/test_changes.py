@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.discovery import Backoff, Change, DiscoveryMetrics, Endpoint, Failed, Observation, Resolved, changes, run
+from gateway.discovery.hysteresis import Hold
 
 A, B, C = Endpoint("127.0.0.2", 8000), Endpoint("127.0.0.3", 8000), Endpoint("127.0.0.4", 8000)
 
@@ -56,6 +57,45 @@ async def test_only_changes_are_yielded_and_failures_keep_the_last_set() -> None
     assert source.closed
 
 
+class Ticks:
+    """A clock that moves one second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+async def test_a_hold_keeps_endpoints_an_answer_leaves_out_and_failures_do_not_count() -> None:
+    registry = CollectorRegistry()
+    source = Scripted(
+        Resolved(frozenset({A, B, C})), Resolved(frozenset({A, B})), Resolved(frozenset({B, C})),
+        Failed("timed out"), Failed("timed out"), Resolved(frozenset({A, C})), Resolved(frozenset({A, C})),
+        Resolved(frozenset({A})),
+    )
+    seen = [c async for c in changes(source, metrics=DiscoveryMetrics(registry), hold=Hold(answers=2, seconds=0.0),
+                                     clock=Ticks())]
+    assert seen == [  # rotating subsets: nothing leaves; B only after two answers in a row without it
+        Change("pool", frozenset({A, B, C}), frozenset({A, B, C}), frozenset()),
+        Change("pool", frozenset({A, C}), frozenset(), frozenset({B})),
+    ]
+    assert sample(registry, "gateway_discovery_endpoints") == 2
+    assert sample(registry, "gateway_discovery_endpoints_missing") == 1  # C, missing once
+    assert sample(registry, "gateway_discovery_changes_total", change="removed") == 1
+
+
+async def test_a_source_started_with_known_endpoints_holds_them() -> None:
+    source = Scripted(Resolved(frozenset({A})), Resolved(frozenset({A})))
+    seen = [c async for c in changes(source, hold=Hold(answers=2, seconds=0.0), clock=Ticks(),
+                                     known=frozenset({A, B}))]
+    assert seen == [  # the first answer is yielded (the source is live); B leaves at the second
+        Change("pool", frozenset({A, B}), frozenset(), frozenset()),
+        Change("pool", frozenset({A}), frozenset(), frozenset({B})),
+    ]
+
+
 async def test_failures_before_any_answer_yield_nothing() -> None:
     registry = CollectorRegistry()
     metrics = DiscoveryMetrics(registry)
@@ -64,6 +104,7 @@ async def test_failures_before_any_answer_yield_nothing() -> None:
     assert sample(registry, "gateway_discovery_resolutions_total") == 0  # declared at zero by changes()
     assert sample(registry, "gateway_discovery_errors_total") == 2
     assert sample(registry, "gateway_discovery_endpoints") == 0
+    assert sample(registry, "gateway_discovery_endpoints_missing") == 0
 
 
 async def test_run_calls_back_for_every_change() -> None:

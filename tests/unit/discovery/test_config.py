@@ -7,6 +7,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.discovery.config import DiscoveryEntry, duplicate_entry_names, parse_nameserver
+from gateway.discovery.hysteresis import LITERAL, Hold
 
 DNS: dict[str, Any] = {
     "name": "vllm-pool", "runtime": "vllm", "model": "deepseek-v3", "usd_per_hour": 96,
@@ -63,6 +64,9 @@ def test_the_documented_shapes_load() -> None:
     ({"dns": {"host": "a", "port": 1, "srv": "_http._tcp.a"}}, "exactly one of `host`"),
     ({"dns": {**DNS["dns"], "resolver": "dns.example:53"}}, "dns.resolver"),
     ({"dns": {**DNS["dns"], "resolver": "127.0.0.1:99999"}}, "dns.resolver"),
+    ({"dns": {**DNS["dns"], "leave_after_answers": 0}}, "dns.leave_after_answers"),
+    ({"dns": {**DNS["dns"], "leave_after_s": -1}}, "dns.leave_after_s"),
+    ({"remember_s": -1}, "remember_s"),
     ({"kubernetes": KUBE["kubernetes"]}, "exactly one of `dns` and `kubernetes`"),
     ({"api_key_env": "K", "api_key_file": "/k"}, "at most one"),
 ])
@@ -83,6 +87,19 @@ def test_bad_dns_entries_fail_naming_the_field(patch: dict[str, Any], needle: st
 def test_bad_kubernetes_entries_fail_naming_the_field(kube: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValidationError, match=needle):
         DiscoveryEntry.model_validate(KUBE | {"kubernetes": kube})
+
+
+def test_dns_answers_are_held_and_kubernetes_answers_followed_literally() -> None:
+    dns = DiscoveryEntry.model_validate(DNS)
+    assert dns.hold == Hold(answers=3, seconds=60.0)  # the defaults: subsets of the records drain nothing
+    assert dns.remember_s == 3600.0  # a backend that returns within the hour gets its history back
+    literal = DiscoveryEntry.model_validate(DNS | {"dns": {**DNS["dns"], "leave_after_answers": 1,
+                                                           "leave_after_s": 0}})
+    assert literal.hold == LITERAL
+    kube = DiscoveryEntry.model_validate(KUBE | {"remember_s": 0})
+    assert (kube.hold, kube.remember_s) == (LITERAL, 0.0)
+    with pytest.raises(ValidationError, match=r"kubernetes\.leave_after_s"):  # a watch has no hold
+        DiscoveryEntry.model_validate(KUBE | {"kubernetes": {**KUBE["kubernetes"], "leave_after_s": 5}})
 
 
 def test_entries_are_frozen() -> None:
