@@ -24,6 +24,7 @@ from backends.base import Runtime
 from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emulator
 from gateway.app import Built, build
 from gateway.discovery import DiscoveryEntry, Endpoint, Failed, Observation, Resolved, Source
+from gateway.proxy.service import proxy_of
 from gateway.settings import load_settings
 from tests.polling import until
 
@@ -234,7 +235,7 @@ async def test_a_backend_that_disappears_drains_its_streams_then_leaves(
         await drain_b_while_its_stream_runs(gw, a, b, on_b)
     await wait_for(lambda: gone(gw, name_of(b)))
     assert name_of(b) not in await gw.compared()  # its history leaves with it
-    assert name_of(b) not in gw.built.generations.current.proxy.routing.latency  # routing memory forgotten
+    assert name_of(b) not in proxy_of(gw.built.generations.current).routing.latency  # routing memory forgotten
     assert gw.metric("gateway_discovery_changes_total", source="pool", change="removed") == 1
     assert gw.metric("gateway_discovery_endpoints", source="pool") == 1
 
