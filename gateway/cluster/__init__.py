@@ -7,7 +7,8 @@ private Unix socket), `scrape` (one /metrics summed over workers, monotonic acro
 windows), `committed` (the one config generation the supervisor owns and hands its workers),
 `commit` (the two-phase reload it coordinates), `probes` (its per-backend probes, forwarded as they
 come), `link` and `following` (a worker's side of the same channel, and of the committed
-generation), `supervisor` (starts, restarts and stops the workers; slots that cannot start stay down), `coordinator` (what a process's admin endpoints call: its own state, or the hub's),
+generation), `supervisor` (starts, restarts and stops the workers; slots that cannot start stay
+down), `coordinator` (what a process's admin endpoints call: its own state, or the hub's),
 `overrides` and `fleet` (live weights and window data shared through the store).
 
 May import every room below it (state, access, stats, observability, admin, kvcache) and `tasks`; only `app` and
