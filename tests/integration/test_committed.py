@@ -170,3 +170,25 @@ def test_a_reload_the_workers_refuse_leaves_probes_and_health_as_they_were(
         assert c.probes == []  # the refused file's backend was never probed
     finally:
         run(loop_thread, c.runner.cleanup())
+
+
+def test_a_worker_restarting_during_a_reload_ends_on_the_committed_generation(
+    emulators: Emulators, gateway: Start,
+) -> None:
+    v = emulators.start("vllm")
+    gw = gateway([backend_entry("v", v, "vllm")], workers=2)
+    victim = workers_doc(gw)["workers"][0]["pid"]
+
+    def add_route(config: dict[str, Any]) -> None:
+        config["routes"].append({"model": "added", "backends": ["v"]})
+
+    edit(gw, add_route)
+    os.kill(victim, signal.SIGKILL)
+    reply = fresh("POST", gw.url + "/admin/reload")  # while the slot's replacement is starting
+    assert reply.status_code == 200
+    assert reply.json()["generation"] == 2
+    doc = wait_for(lambda: workers_doc(gw),
+                   lambda d: len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]},
+                   timeout=60, what="the replacement connected")
+    assert {r["generation"] for r in doc["workers"]} == {2}
+    assert [chat(gw, "added").status_code for _ in range(20)] == [200] * 20
