@@ -111,4 +111,4 @@ class Local:
 
     async def workers(self) -> dict[str, Any]:
         return {"workers": [{"worker": 0, "pid": os.getpid(), "requests": self._served()}], "expected": 1,
-                "restarts": 0, "answered_by": 0}
+                "down": [], "restarts": 0, "answered_by": 0}
