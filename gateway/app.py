@@ -208,18 +208,18 @@ async def build(
         poller: Poller = own if link is None else link.poller(pool, clock, own, number)
         return Generation(number, settings, secrets, pool, proxy, poller)
 
-    activated: list[Generation] = []
-
     def activate(generation: Generation) -> None:
         """What the app shares adopts a generation about to be installed (a reload's commit)."""
         settings, pool = generation.settings, generation.pool
+        reloaded = membership.newest is not None
         membership.configure(settings)
         found = {b.name: (b, entry) for b, entry in membership.discovered()}
-        for state in [s for s in pool if s.source != STATIC and s.name not in found]:  # left since it was built
-            pool.drain(state.name, clock())
-            pool.remove(state.name)
-        for b, entry in found.values():  # found since it was built
-            if b.name not in {s.name for s in pool}:
+        have = {s.name for s in pool}
+        for gone in [s.name for s in pool if s.source != STATIC and s.name not in found]:  # left since it was built
+            pool.drain(gone, clock())
+            pool.remove(gone)
+        for name, (b, entry) in found.items():  # found since it was built
+            if name not in have:
                 pool.join(backend_state(b, generation.secrets, source=entry))
         membership.adopt(generation)
         upstream.connect_timeout_s = settings.timeouts.connect_s
@@ -227,9 +227,8 @@ async def build(
         kv_intake.reconcile(settings.backends, backend_headers(generation.secrets.backend_keys))
         for b in settings.backends:  # born at 0, so that increase() sees a first ejection
             recorder.ejections.labels(b.name, b.runtime.value)
-        if activated:
+        if reloaded:
             members_changed(generation)  # new backends and arms join the live comparison
-        activated[:] = [generation]
 
     first = build_generation(
         Checked(settings, secrets, resolve_tokenizers(settings, source=str(config_path or "<config>")),
