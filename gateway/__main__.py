@@ -8,8 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .access.secrets import resolve_secrets
-from .settings import ConfigError, Settings, load_settings
+from .settings import ConfigError, Settings
 
 log = logging.getLogger("gateway")
 
@@ -60,12 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return compare_main(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = None
-    if args.config:
+    settings = text = None
+    if args.config and args.hub is None:  # (a worker of a supervisor runs its committed generation)
         try:
-            settings = load_settings(args.config)
-            resolve_secrets(settings, source=args.config)
-            _resolve_tokenizers(settings, args.config)
+            text, settings = _checked(args.config)
         except (ConfigError, OSError) as exc:
             _print_config_error(exc)
             return 2
@@ -74,27 +71,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return asyncio.run(
         serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port,
-              config_path=args.config, hub=args.hub, worker_slot=args.worker_slot)
+              config_path=args.config, hub=args.hub, worker_slot=args.worker_slot, config_text=text)
     )
+
+
+def _checked(path: str) -> tuple[str, Settings]:
+    """The config file's text and settings, through the one check every process makes (tokenizers
+    and jinja2 are imported only here, when a config is checked)."""
+    from pathlib import Path
+
+    from .state.reload import check
+
+    text = Path(path).read_text(encoding="utf-8")
+    return text, check(text, source=path).settings
 
 
 def _check_config(path: str) -> int:
     try:
-        settings = load_settings(path)
-        resolve_secrets(settings, source=path)
-        _resolve_tokenizers(settings, path)
+        _, settings = _checked(path)
     except (ConfigError, OSError) as exc:
         _print_config_error(exc)
         return 1
     found = f", {len(settings.discovery)} discovery entries" if settings.discovery else ""
     print(f"{path}: OK ({len(settings.backends)} backends{found}, {len(settings.routes)} routes)")
     return 0
-
-
-def _resolve_tokenizers(settings: Settings, source: str) -> None:
-    from .tokenize import resolve_tokenizers  # tokenizers and jinja2: only when a config is checked
-
-    resolve_tokenizers(settings, source=source)
 
 
 def _print_config_error(exc: Exception) -> None:

@@ -47,16 +47,17 @@ from .observability.metrics import Recorder
 from .observability.process import SelfHealth
 from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
-from .proxy.service import Proxy
+from .proxy.service import Proxy, proxy_of
 from .routing import RoutingState
 from .routing.response_owners import ResponseOwners
 from .settings import Backend, Settings
 from .state.generations import Generation, Generations, LivePool
 from .state.health import HealthPoller, Poller
+from .state.health_feed import probed_by_worker
 from .state.membership import Membership
 from .state.outliers import OutlierRules
-from .state.pool import BackendState, Pool, candidate_sets
-from .state.reload import Reloader
+from .state.pool import STATIC, BackendState, Pool, candidate_sets
+from .state.reload import Checked, Reloader
 from .state.splits import Splits
 from .stats import Comparer, LiveCollector, StatsBook, WeightsFn
 from .tokenize import resolve_tokenizers
@@ -153,7 +154,7 @@ async def build(
     if weights is None:  # the A/B statistics read the live split weights of the current generation
 
         def weights(model: str) -> dict[str, float]:
-            return generations.current.proxy.weights(model)
+            return proxy_of(generations.current).weights(model)
 
     stats = StatsBook(settings, started_at=clock(), weights=weights)
     kv_caches = KvCaches(clock=clock)  # the engines' own caches, from their KV events
@@ -195,30 +196,52 @@ async def build(
         on_change=members_changed,
     )
 
-    def build_generation(settings: Settings, secrets: Secrets, number: int) -> Generation:
-        tokenizers = resolve_tokenizers(settings, source=str(config_path or "<config>"))  # ConfigError first
-        membership.configure(settings)  # discovered backends outlive generations: each starts with them
-        pool = build_pool(settings, secrets, membership.discovered())
-        upstream.connect_timeout_s = settings.timeouts.connect_s
-        splits.retain([r.model for r in settings.routes if r.split is not None])
+    def build_generation(checked: Checked, number: int) -> Generation:
+        """A generation's parts, changing nothing the app shares (a reload's prepare phase)."""
+        settings, secrets = checked.settings, checked.secrets
+        # discovered backends outlive generations: each starts with them (as the new config makes them)
+        pool = build_pool(settings, secrets, membership.discovered(settings))
         proxy = Proxy(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
-            throughput=stats.peak_output_tps, splits=splits, owners=owners, tokenizers=tokenizers,
+            throughput=stats.peak_output_tps, splits=splits, owners=owners, tokenizers=checked.tokenizers,
         )
-        kv_intake.reconcile(settings.backends, backend_headers(secrets.backend_keys))
-        own = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep)
-        # a worker under `--workers N` applies its supervisor's probes (once for all workers)
-        poller: Poller = own if link is None else link.poller(pool, clock, own)
+        # a worker under `--workers N` applies its supervisor's probes (once for all workers), and
+        # probes only the backends its own discovery found
+        own = HealthPoller(pool, session, interval_s=settings.health.interval_s, clock=clock, sleep=sleep,
+                           probes=None if link is None else probed_by_worker)
+        poller: Poller = own if link is None else link.poller(pool, clock, own, number)
+        return Generation(number, settings, secrets, pool, proxy, poller)
+
+    def activate(generation: Generation) -> None:
+        """What the app shares adopts a generation about to be installed (a reload's commit)."""
+        settings, pool = generation.settings, generation.pool
+        reloaded = membership.newest is not None
+        membership.configure(settings)
+        found = {b.name: (b, entry) for b, entry in membership.discovered()}
+        have = {s.name for s in pool}
+        for gone in [s.name for s in pool if s.source != STATIC and s.name not in found]:  # left since it was built
+            pool.drain(gone, clock())
+            pool.remove(gone)
+        for name, (b, entry) in found.items():  # found since it was built
+            if name not in have:
+                pool.join(backend_state(b, generation.secrets, source=entry))
+        membership.adopt(generation)
+        upstream.connect_timeout_s = settings.timeouts.connect_s
+        splits.keep(proxy_of(generation).live_splits)
+        kv_intake.reconcile(settings.backends, backend_headers(generation.secrets.backend_keys))
         for b in settings.backends:  # born at 0, so that increase() sees a first ejection
             recorder.ejections.labels(b.name, b.runtime.value)
-        generation = Generation(number, settings, secrets, pool, proxy, poller)
-        membership.adopt(generation)
-        if number > 1:
+        if reloaded:
             members_changed(generation)  # new backends and arms join the live comparison
-        return generation
 
-    generations.install(build_generation(settings, secrets, 1))
-    reloader = Reloader(generations, build_generation, config_path)
+    first = build_generation(
+        Checked(settings, secrets, resolve_tokenizers(settings, source=str(config_path or "<config>")),
+                str(config_path or "<config>")),
+        1 if link is None else link.generation,
+    )
+    activate(first)
+    generations.install(first)
+    reloader = Reloader(generations, build_generation, config_path, activate=activate)
     dispatcher = Dispatcher(generations, guard, accounting, clock=clock)
 
     app = web.Application(
@@ -261,9 +284,10 @@ async def build(
         await shared.start()  # the fleet's weights are in force before the first request
         if link is not None:
             await link.resync()
-        first = generations.current
-        await first.poller.poll_once()
-        first.start()
+        current = generations.current  # (a worker may have adopted a newer one in `resync`, started)
+        if current.task is None:
+            await current.poller.poll_once()
+            current.start()
         membership.start()  # discovered backends join as their sources answer
         yield
         await membership.stop()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import build_check
 from .admin.reload import Reloads
 from .app import Running, start
-from .settings import Settings
+from .settings import ConfigError, Settings
 from .state.reload import ReloadRejected
 
 if TYPE_CHECKING:
@@ -63,10 +63,14 @@ class _Signals:
 
 async def serve(
     settings: Settings | None, *, host: str | None, port: int | None, workers: int = 1, reuse_port: bool = False,
-    config_path: str | None = None, hub: str | None = None, worker_slot: int = 0,
+    config_path: str | None = None, hub: str | None = None, worker_slot: int = 0, config_text: str | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; the exit status. `hub` (with `worker_slot`): this is a worker of
-    the supervisor listening there (it stops when the supervisor goes)."""
+    the supervisor listening there (it serves the supervisor's committed generation, not a file, and
+    stops when the supervisor goes). `config_text`: the config file's text as it was checked (what a
+    supervisor commits as its first generation)."""
+    if hub is not None:
+        return await _serve_worker(host=host, port=port, reuse_port=reuse_port, hub=hub, worker_slot=worker_slot)
     demo = None
     if settings is None:
         from .demo import start_demo
@@ -78,36 +82,57 @@ async def serve(
     try:
         if workers > 1:
             return await _supervise(settings, host=host, port=port, workers=workers, config_path=config_path,
-                                    banner=demo.banner if demo is not None else None)
-        stopped = asyncio.Event()
-        worker: Running | None = None
-        _Signals(stopped.set, lambda: None if worker is None else worker.built.coordinator)
-        link = None
-        if hub is not None:
-            from .cluster.link import WorkerLink
-
-            link = await WorkerLink.connect(hub, worker_slot)
-        worker = await _start_worker(
-            settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path, link=link
-        )
-        if demo is not None:
-            print(demo.banner(worker.url), flush=True)
-        ended = [asyncio.ensure_future(stopped.wait())]
-        if link is not None:
-            ended.append(asyncio.ensure_future(link.closed.wait()))
-        await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in ended:
-            waiter.cancel()
-        if link is not None and link.closed.is_set() and not stopped.is_set():
-            log.warning("the supervisor is gone: stopping this worker")
-        log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
-        await worker.stop(settings.limits.drain_timeout_s)
-        if link is not None:
-            await link.close()
-        return 0
+                                    config_text=config_text, banner=demo.banner if demo is not None else None)
+        return await _run(settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path,
+                          banner=demo.banner if demo is not None else None)
     finally:
         if demo is not None:
             await demo.stop()
+
+
+async def _serve_worker(*, host: str | None, port: int | None, reuse_port: bool, hub: str, worker_slot: int) -> int:
+    """A worker of the supervisor listening on `hub`: its config is the committed generation it is
+    sent (exit status 2 when that cannot be built here, e.g. a tokenizer that no longer loads)."""
+    from .cluster.link import WorkerLink
+
+    link = await WorkerLink.connect(hub, worker_slot)
+    try:
+        checked = link.check()
+    except ConfigError as exc:
+        log.error("worker %d cannot build the committed generation %d: %s", worker_slot, link.generation,
+                  "; ".join(exc.errors))
+        await link.close()
+        return 2
+    settings = checked.settings
+    host = host or settings.listen.host
+    port = settings.listen.port if port is None else port
+    return await _run(settings, host=host, port=port, reuse_port=reuse_port, link=link)
+
+
+async def _run(
+    settings: Settings, *, host: str, port: int, reuse_port: bool, config_path: str | None = None,
+    link: WorkerLink | None = None, banner: Callable[[str], str] | None = None,
+) -> int:
+    stopped = asyncio.Event()
+    worker: Running | None = None
+    _Signals(stopped.set, lambda: None if worker is None else worker.built.coordinator)
+    worker = await _start_worker(settings, host=host, port=port, reuse_port=reuse_port, config_path=config_path,
+                                 link=link)
+    if banner is not None:
+        print(banner(worker.url), flush=True)
+    ended = [asyncio.ensure_future(stopped.wait())]
+    if link is not None:
+        ended.append(asyncio.ensure_future(link.closed.wait()))
+    await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in ended:
+        waiter.cancel()
+    if link is not None and link.closed.is_set() and not stopped.is_set():
+        log.warning("the supervisor is gone: stopping this worker")
+    log.info("shutting down: draining in-flight requests for up to %.0f s", settings.limits.drain_timeout_s)
+    await worker.stop(settings.limits.drain_timeout_s)
+    if link is not None:
+        await link.close()
+    return 0
 
 
 def _tune_gc() -> None:
@@ -138,19 +163,23 @@ async def _start_worker(
 
 
 async def _supervise(
-    settings: Settings, *, host: str, port: int, workers: int, config_path: str | None,
+    settings: Settings, *, host: str, port: int, workers: int, config_path: str | None, config_text: str | None,
     banner: Callable[[str], str] | None,
 ) -> int:
     """Run `workers` worker processes on one port until a signal stops them; the exit status."""
     from .app import build_pool
+    from .cluster.committed import Committed
     from .cluster.supervisor import Supervisor
 
-    supervisor = Supervisor(settings, host=host, port=port, workers=workers, config_path=config_path,
+    first = Committed.first(settings, text=config_text, source=config_path or "<config>")
+    supervisor = Supervisor(first, host=host, port=port, workers=workers, config_path=config_path,
                             build_pool=build_pool)
     _Signals(supervisor.stop, lambda: supervisor.hub, done="reloaded every worker")
 
     def listening(url: str) -> None:
-        print(f"gateway listening on {url} ({workers} workers)", flush=True)
+        up = supervisor.serving
+        print(f"gateway listening on {url} ({workers if up == workers else f'{up} of {workers}'} workers)",
+              flush=True)
         if banner is not None:
             print(banner(url), flush=True)
 

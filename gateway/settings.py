@@ -399,9 +399,13 @@ def parse_settings(data: object, *, source: str = "<config>") -> Settings:
 
 
 def load_settings(path: str | Path) -> Settings:
-    text = Path(path).read_text(encoding="utf-8")
+    return settings_from_yaml(Path(path).read_text(encoding="utf-8"), source=str(path))
+
+
+def settings_from_yaml(text: str, *, source: str = "<config>") -> Settings:
+    """A config file's text, parsed and validated (what a supervisor hands its workers is text)."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"<yaml>: {exc}"]) from exc
-    return parse_settings(data, source=str(path))
+        raise ConfigError(source, [f"<yaml>: {exc}"]) from exc
+    return parse_settings(data, source=source)

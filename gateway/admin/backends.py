@@ -9,6 +9,7 @@ from yarl import URL
 
 from .. import json_codec
 from ..kvcache import KvCaches
+from ..proxy.service import proxy_of
 from ..state.generations import Generations
 
 
@@ -22,7 +23,7 @@ def install(app: web.Application, generations: Generations) -> None:
     async def admin_backends(request: web.Request) -> web.Response:
         backends = []
         generation = generations.current
-        routing = generation.proxy.routing
+        routing = proxy_of(generation).routing
         caches = routing.engines if isinstance(routing.engines, KvCaches) else None
         now = caches.clock() if caches is not None else 0.0
         for s in generation.pool:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from ..proxy.service import proxy_of
 from ..state.generations import Generations
 from ..state.reload import Reloaded, Reloader
 from ..state.store import StoreDown
@@ -62,17 +63,17 @@ class Local:
         self._fleet_comparer: Comparer | None = None
 
     def weights(self, model: str) -> dict[str, float]:
-        return self._generations.current.proxy.weights(model)
+        return proxy_of(self._generations.current).weights(model)
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
-        live = self._generations.current.proxy.set_weights(model, weights)
+        live = proxy_of(self._generations.current).set_weights(model, weights)
         if self.shared is not None:
             await self.shared.put(model, live)
         return live
 
     async def apply_shared(self, model: str, weights: dict[str, float]) -> None:
         """Weights another replica set (polled from the store)."""
-        self._generations.current.proxy.set_weights(model, weights)
+        proxy_of(self._generations.current).set_weights(model, weights)
 
     async def reload(self) -> Reloaded:
         before = fingerprints(self._generations.current.settings)
@@ -110,4 +111,4 @@ class Local:
 
     async def workers(self) -> dict[str, Any]:
         return {"workers": [{"worker": 0, "pid": os.getpid(), "requests": self._served()}], "expected": 1,
-                "restarts": 0, "answered_by": 0}
+                "down": [], "restarts": 0, "answered_by": 0}

@@ -4,12 +4,17 @@ SO_REUSEPORT spreads connections over the workers, so any request, scrape or adm
 any of them. Whatever must describe or change the whole gateway goes through the hub, over each
 worker's private channel (`channel`, on a Unix socket in a 0700 directory):
 
-- **one probe loop**: the hub runs the only `HealthPoller` of the gateway and sends every worker
-  each round's results (`state.health_feed`); workers probe nothing themselves;
+- **one committed generation**: the hub holds the config every worker runs (`committed`: its text,
+  resolved secrets, number); a worker that (re)starts builds from it, sent over its channel, and a
+  reload is two-phase, prepared by every worker before anything commits (`commit`);
+- **one prober**: the hub probes the committed generation's backends, one task each, and sends
+  every worker each result as it comes (`probes`, `state.health_feed`); workers probe only what
+  their own discovery found;
 - **one set of rate-limit buckets**: workers ask the hub to admit a keyed request and tell it what
   to charge (with a store, the fleet's buckets in Redis come first, `access.shared_limits`);
 - **admin writes before the reply**: a weight change or a reload, wherever it arrived (or SIGHUP to
-  the supervisor), is applied by every worker before the hub answers; weights changed at run time
+  the supervisor), is applied by every worker (a reload: committed by every one, or by none)
+  before the hub answers; weights changed at run time
   are remembered and given to a worker that (re)starts, and with a store they are shared with every
   replica (`overrides`);
 - **one /metrics**: a scrape that lands on any worker is answered with every worker's families
@@ -44,22 +49,22 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from ..access.ratelimit import KeyLimiter, Limits
-from ..access.secrets import resolve_secrets
 from ..kvcache.intake import backend_headers
 from ..kvcache.relay import KvRelay
-from ..settings import ConfigError, Settings, load_settings
-from ..state.health import HealthPoller
-from ..state.health_feed import Result, results
+from ..settings import Settings
 from ..state.pool import Pool
 from ..state.reload import Reloaded, ReloadRejected, restart_required
 from ..state.store import Store, StoreDown
 from ..stats import Comparer
 from ..stats.export import Export, export_book, merge
 from ..tasks import cancel_all
+from . import commit
 from .channel import Channel, Handler
 from .clock import gateway_clock
+from .committed import Committed
 from .fleet import FleetStats, replica_row
 from .overrides import SharedWeights, fingerprints
+from .probes import SharedProbes
 from .scrape import ScrapeMerger, dump
 
 log = logging.getLogger(__name__)
@@ -77,6 +82,7 @@ class WorkerConn:
     pid: int
     channel: Channel
     connected_at: float
+    ready: bool = False  # built and serving (it asked for the hub's state): it takes part in reloads
     source: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,24 +97,27 @@ def replica_name(settings: Settings) -> str:
 
 class Hub:
     def __init__(
-        self, settings: Settings, *, config_path: str | None, build_pool: PoolBuilder,
+        self, committed: Committed, *, config_path: str | None, build_pool: PoolBuilder,
         clock: Callable[[], float] = gateway_clock,
     ) -> None:
-        self.settings = settings
+        self.committed = committed
+        settings = self.settings = committed.settings
         self._config_path = config_path
         self._build_pool = build_pool
         self._clock = clock
         self.registry = CollectorRegistry()
         self.restarts = Counter("gateway_worker_restarts", "Workers the supervisor restarted after they exited.",
                                 registry=self.registry)
+        self.start_failures = Counter("gateway_worker_start_failures",
+                                      "Worker starts that failed (the slot stays down and is retried).",
+                                      registry=self.registry)
+        self.slots_down: Callable[[], list[dict[str, Any]]] = list  # the supervisor's slots without a worker
         self.registry.register(_WorkersGauge(self))
         self.merger = ScrapeMerger()
         self.limiter = KeyLimiter(clock)
         self.workers: dict[int, WorkerConn] = {}
         self.expected_workers = 0
-        self.generation = 1
         self.overrides: dict[str, tuple[str, dict[str, float]]] = {}  # model -> (split fingerprint, weights)
-        self.probes: list[Result] = []
         self.replica = replica_name(settings)
         self.store: Store | None = None
         self.shared: SharedWeights | None = None
@@ -121,9 +130,8 @@ class Hub:
             )
             self.fleet = FleetStats(self.store, replica=self.replica, export=self._host_export,
                                     interval_s=settings.state.publish_interval_s, workers=lambda: len(self.workers))
-        self._pool = build_pool(settings)
         self._session: aiohttp.ClientSession | None = None
-        self._poller: HealthPoller | None = None
+        self.probes: SharedProbes | None = None
         self.kv_relay: KvRelay | None = None
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,6 +139,10 @@ class Hub:
         self._docs: dict[tuple[str, int, int], dict[str, Any]] = {}
         self._comparers: dict[str, Comparer] = {}
         self.restart_count = 0
+
+    @property
+    def generation(self) -> int:
+        return self.committed.number
 
     def restarted(self) -> None:
         """The supervisor restarted a worker."""
@@ -142,13 +154,13 @@ class Hub:
     async def start(self, socket_path: Path) -> None:
         """Listen for workers on `socket_path`, probe once (workers start with real health), read the
         shared weights, then keep probing, sharing and scraping in the background."""
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-        self._poller = self._new_poller(self._pool)
+        session = self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
+        self.probes = SharedProbes(session, interval_s=self.settings.health.interval_s, clock=self._clock,
+                                   make_states=lambda s: list(self._build_pool(s)), forward=self._forward_probes)
         self._server = await asyncio.start_unix_server(self._connected, path=str(socket_path))
         self.kv_relay = KvRelay(socket_path.parent, self._session)  # before the workers subscribe
-        self._relay_kv_events(self.settings)
-        await self._poller.poll_once()
-        self.probes = results(self._pool)
+        self._relay_kv_events(self.committed)
+        await self.probes.adopt(self.settings, self.committed.epochs)
         if self.store is not None:
             await self.store.start()
             assert self.shared is not None
@@ -156,11 +168,12 @@ class Hub:
             await self.shared.start()
             await self.fleet.start()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._probe_loop(), name="hub-probes"),
-                       loop.create_task(self._baseline_scrapes(), name="hub-scrapes")]
+        self._tasks = [loop.create_task(self._baseline_scrapes(), name="hub-scrapes")]
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
+        if self.probes is not None:
+            await self.probes.close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.workers.values()):
@@ -173,33 +186,15 @@ class Hub:
         if self._session is not None:
             await self._session.close()
 
-    def _relay_kv_events(self, settings: Settings) -> None:
+    def _relay_kv_events(self, committed: Committed) -> None:
         """The KV events only one process may hear, heard here for every worker (`kvcache.relay`)."""
-        if self.kv_relay is None:
-            return
-        try:
-            keys = resolve_secrets(settings, source=self._config_path or "<config>").backend_keys
-        except ConfigError:  # (the workers refuse such a config themselves)
-            keys = {}
-        self.kv_relay.reconcile(settings.backends, backend_headers(keys))
+        if self.kv_relay is not None:
+            self.kv_relay.reconcile(committed.settings.backends, backend_headers(committed.secrets.backend_keys))
 
-    def _new_poller(self, pool: Pool) -> HealthPoller:
-        assert self._session is not None
-        return HealthPoller(pool, self._session, interval_s=self.settings.health.interval_s, clock=self._clock)
-
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.health.interval_s)
-            poller, pool = self._poller, self._pool
-            assert poller is not None
-            await poller.poll_once()
-            if pool is self._pool:  # (a reload swapped the pool meanwhile: its own round went out)
-                self._broadcast_probes()
-
-    def _broadcast_probes(self) -> None:
-        self.probes = results(self._pool)
+    def _forward_probes(self, found: list[list[Any]]) -> None:
+        """Each probe result, to every worker, as it comes."""
         for conn in self.workers.values():
-            conn.channel.notify("probes", self.probes)
+            conn.channel.notify("probes", found)
 
     async def _baseline_scrapes(self) -> None:
         while True:
@@ -221,8 +216,13 @@ class Hub:
             self.workers[conn.slot] = conn
             return self._state()
 
+        def state(_: Any) -> dict[str, Any]:
+            if conn is not None:
+                conn.ready = True  # attached: from now on it prepares and commits reloads
+            return self._state()
+
         handlers: dict[str, Handler] = {
-            "hello": hello, "state": lambda _: self._state(), "admit": self._admit, "charge": self._charge,
+            "hello": hello, "state": state, "admit": self._admit, "charge": self._charge,
             "metrics": self._metrics, "compare": self._compare, "weights": self._weights, "reload": self._reload_call,
             "workers": self._workers_doc,
         }
@@ -240,9 +240,10 @@ class Hub:
             del self.workers[conn.slot]
 
     def _state(self) -> dict[str, Any]:
-        """What a (re)starting worker adopts: the last probe round and the weights set at run time."""
-        return {"probes": self.probes, "overrides": {m: w for m, (_, w) in self.overrides.items()},
-                "generation": self.generation}
+        """What a (re)starting worker adopts: the committed generation, the latest probe results and
+        the weights set at run time."""
+        return {"committed": self.committed.wire(), "probes": [] if self.probes is None else self.probes.snapshot(),
+                "overrides": {m: w for m, (_, w) in self.overrides.items()}, "generation": self.generation}
 
     async def _each(self, method: str, body: Any = None, *,
                     timeout_s: float = CALL_TIMEOUT_S) -> list[tuple[WorkerConn, Any]]:
@@ -353,45 +354,32 @@ class Hub:
         await self._each("apply_weights", [model, weights])
 
     async def reload(self) -> Reloaded:
-        """Re-read the config file; valid: every worker reloads before this returns."""
+        """Re-read the config file and reload it in two phases (`commit`): every serving worker
+        prepares it, then every one commits it; if any refuses, every one aborts it and nothing here
+        changed (the committed generation, the probes, the weights)."""
         async with self._reload_lock:
             if self._config_path is None:
                 raise ReloadRejected(["<config>: started without --config (demo fleet): nothing to reload"])
-            try:
-                settings = load_settings(self._config_path)
-                resolve_secrets(settings, source=self._config_path)
-            except ConfigError as exc:
-                log.warning("config reload rejected: %s", "; ".join(exc.errors))
-                raise ReloadRejected(exc.errors) from None
-            except OSError as exc:
-                raise ReloadRejected([f"<file>: cannot read {self._config_path}: {type(exc).__name__}"]) from None
-            old = self.settings
-            before, after = fingerprints(old), fingerprints(settings)
-            pool = self._build_pool(settings)
-            self.settings = settings
-            self._pool, self._poller = pool, self._new_poller(pool)
-            await self._poller.poll_once()
-            self.probes = results(pool)
-            self._relay_kv_events(settings)  # before the workers reload: theirs subscribe to it
-            changed = {m for m in before if after.get(m) != before[m]}
-            for model in changed:
-                self.overrides.pop(model, None)
-            if self.shared is not None:
-                self.shared.forget(changed)
-            errors = []
-            for conn, answer in await self._each("reload", timeout_s=60.0):
-                if isinstance(answer, BaseException):
-                    errors.append(f"worker {conn.slot}: {answer}")
-                elif answer.get("errors"):
-                    errors += [f"worker {conn.slot}: {e}" for e in answer["errors"]]
-            self._broadcast_probes()
-            if errors:
-                raise ReloadRejected(errors)
-            self.generation += 1
-            restart = restart_required(old, settings)
-            log.info("config reloaded on %d workers: generation %d%s", len(self.workers), self.generation,
+            current = self.committed
+            proposal = await commit.reload(current, self._config_path, self._commit,
+                                           lambda: [c for c in self.workers.values() if c.ready])
+            restart = restart_required(current.settings, proposal.settings)
+            log.info("config reloaded on %d workers: generation %d%s", len(self.workers), proposal.number,
                      f" (restart required for {', '.join(restart)})" if restart else "")
-            return Reloaded(self.generation, restart)
+            return Reloaded(proposal.number, restart)
+
+    async def _commit(self, proposal: Committed) -> None:
+        """The hub's own commit: the generation, the weights it keeps, its probes, the KV relays."""
+        before, after = fingerprints(self.settings), fingerprints(proposal.settings)
+        changed = {m for m in before if after.get(m) != before[m]}
+        for model in changed:
+            self.overrides.pop(model, None)
+        if self.shared is not None:
+            self.shared.forget(changed)
+        self.committed, self.settings = proposal, proposal.settings
+        if self.probes is not None:
+            await self.probes.adopt(proposal.settings, proposal.epochs)  # new backends' first results
+        self._relay_kv_events(proposal)  # before the workers commit: theirs subscribe to it
 
     async def _reload_call(self, body: Any) -> dict[str, Any]:
         try:
@@ -410,7 +398,7 @@ class Hub:
                 row.update(answer)
             rows.append(row)
         return {"workers": sorted(rows, key=lambda r: int(r["worker"])), "expected": self.expected_workers,
-                "restarts": self.restart_count, "generation": self.generation,
+                "down": self.slots_down(), "restarts": self.restart_count, "generation": self.generation,
                 "replica": self.replica, "state_store_up": None if self.store is None else self.store.up}
 
     async def _workers_doc(self, body: Any) -> dict[str, Any]:
@@ -428,3 +416,7 @@ class _WorkersGauge:
         family = GaugeMetricFamily("gateway_workers", "Worker processes serving (connected to their supervisor).")
         family.add_metric([], float(len(self._hub.workers)))
         yield family
+        down = GaugeMetricFamily("gateway_worker_slots_down",
+                                 "Worker slots without a running worker (exited, or failing to start: retried).")
+        down.add_metric([], float(len(self._hub.slots_down())))
+        yield down

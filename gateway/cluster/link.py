@@ -1,10 +1,11 @@
 """A worker's side of its supervisor's channel (see `hub` for what goes through it).
 
-The worker connects before it builds anything: its first config generation starts from the hub's
-last probe round and the weights set at run time, so a worker that replaces a crashed one serves
-with the gateway's state from its first request. What the hub asks of a worker: its metric families
-(`collect`), its windows (`stats`), to apply weights (`apply_weights`), to reload (`reload`), who it
-is (`identity`); and it tells it each probe round (`probes`). What the worker asks of the hub: to
+The worker connects before it builds anything: its first config generation is the hub's committed
+one (never the file on disk), with the latest probe results and the weights set at run time, so a
+worker that replaces a crashed one serves what its siblings serve, with the gateway's state, from
+its first request. What the hub asks of a worker: its metric families (`collect`), its windows
+(`stats`), to apply weights (`apply_weights`), to prepare, commit or abort a reload (`following`),
+who it is (`identity`); and it tells it each probe result as it comes (`probes`). What the worker asks of the hub: to
 admit and charge keyed requests (`HostLimiter`), and everything an admin surface does (`Remote`).
 When the channel closes (the supervisor is gone) the worker drains and exits: no orphans.
 """
@@ -21,14 +22,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ..access.ratelimit import Decision, KeyLimits, Limiter
+from ..proxy.service import proxy_of
 from ..state.generations import Generations
 from ..state.health import Poller
 from ..state.health_feed import FollowedPoller, ProbeFeed
 from ..state.pool import Pool
-from ..state.reload import Reloaded, Reloader, ReloadRejected
+from ..state.reload import Checked, Reloaded, Reloader, ReloadRejected
 from ..stats import StatsBook
 from ..stats.export import export_book
 from .channel import Channel, ChannelClosed, Handler, RemoteError
+from .committed import Received
+from .following import Following
 from .scrape import dump
 
 ADMIT_TIMEOUT_S = 1.0  # past it the request is admitted by this worker's own buckets
@@ -82,6 +86,7 @@ class WorkerLink:
         self._task = task
         self.feed = ProbeFeed()
         self.feed.publish(state.get("probes", []))
+        self.following = Following(Received.from_wire(state["committed"]), self.feed)
         self.overrides: dict[str, dict[str, float]] = state.get("overrides", {})
         self.parts: WorkerParts | None = None
         channel.handle("probes", self.feed.publish)
@@ -101,9 +106,20 @@ class WorkerLink:
     def limiter(self, fallback: Limiter) -> HostLimiter:
         return HostLimiter(self.channel, fallback)
 
-    def poller(self, pool: Pool, clock: Callable[[], float], own: Poller) -> FollowedPoller:
-        """The supervisor's probe results for `pool`; `own` probes what the supervisor does not."""
-        return FollowedPoller(pool, self.feed, clock, own)
+    @property
+    def generation(self) -> int:
+        """The number of the committed generation this worker runs (or is building)."""
+        return self.following.committed.number
+
+    def check(self) -> Checked:
+        """The committed generation the hub sent, checked as every process checks a config
+        (ConfigError: e.g. a tokenizer that cannot be loaded here)."""
+        return self.following.committed.check()
+
+    def poller(self, pool: Pool, clock: Callable[[], float], own: Poller, number: int) -> FollowedPoller:
+        """The supervisor's probe results for generation `number`'s pool; `own` probes what the
+        supervisor does not (what this worker's discovery found)."""
+        return FollowedPoller(pool, self.feed, clock, own, self.following.epochs(number))
 
     def attach(self, parts: WorkerParts) -> Remote:
         """Answer the hub from now on; adopt the weights set at run time; the worker's coordinator."""
@@ -118,30 +134,24 @@ class WorkerLink:
 
         def apply_weights(body: list[Any]) -> dict[str, float]:
             model, weights = body
-            return parts.generations.current.proxy.set_weights(str(model), {str(k): float(v)
-                                                                            for k, v in weights.items()})
-
-        async def reload(_: Any) -> dict[str, Any]:
-            try:
-                done = await parts.reloader.reload()
-            except ReloadRejected as exc:
-                return {"errors": exc.errors}
-            return {"generation": done.generation, "restart_required": done.restart_required}
+            return proxy_of(parts.generations.current).set_weights(str(model), {str(k): float(v)
+                                                                                for k, v in weights.items()})
 
         def identity(_: Any) -> dict[str, Any]:
             return {"pid": os.getpid(), "requests": parts.served(),
                     "generation": parts.generations.current.number}
 
         handlers: dict[str, Handler] = {"collect": collect, "stats": stats, "apply_weights": apply_weights,
-                                        "reload": reload, "identity": identity}
+                                        "identity": identity}
         for name, handler in handlers.items():
             self.channel.handle(name, handler)
+        self.following.attach(self.channel, parts.generations, parts.reloader, self._give_up)
         self._adopt(self.overrides)
         return Remote(self, parts.generations)
 
     def _adopt(self, overrides: Mapping[str, Mapping[str, float]]) -> None:
         assert self.parts is not None
-        proxy = self.parts.generations.current.proxy
+        proxy = proxy_of(self.parts.generations.current)
         for model, weights in overrides.items():
             if proxy.weights(model):
                 try:
@@ -149,10 +159,19 @@ class WorkerLink:
                 except (KeyError, ValueError):
                     continue
 
+    def _give_up(self) -> None:
+        """Close the channel: the worker drains and exits (its supervisor starts another)."""
+        self._task.cancel()
+
     async def resync(self) -> None:
-        """Adopt the hub's state as it is now (after `attach`: no change can fall in between)."""
+        """Adopt the hub's state as it is now (after `attach`: no change can fall in between),
+        a generation committed while this worker was starting included (ReloadRejected if it cannot
+        be built here)."""
+        assert self.parts is not None
         state = await self.channel.call("state")
         self.feed.publish(state.get("probes", []))
+        await self.following.adopt(Received.from_wire(state["committed"]), self.parts.generations,
+                                   self.parts.reloader)
         self._adopt(state.get("overrides", {}))
 
     async def close(self) -> None:
@@ -168,10 +187,10 @@ class Remote:
         self._generations = generations
 
     def weights(self, model: str) -> dict[str, float]:
-        return self._generations.current.proxy.weights(model)
+        return proxy_of(self._generations.current).weights(model)
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
-        live = self._generations.current.proxy.set_weights(model, weights)  # validates (404, 400) here
+        live = proxy_of(self._generations.current).set_weights(model, weights)  # validates (404, 400) here
         answer: dict[str, float] = await self._link.channel.call("weights", [model, live], timeout_s=30.0)
         return answer
 

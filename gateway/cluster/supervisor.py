@@ -4,16 +4,22 @@ die, and stops them all together.
 Workers are `gateway serve --reuse-port` processes that bind the same port (SO_REUSEPORT: the kernel
 spreads connections over them, each runs its own event loop on its own core) and connect to the
 supervisor's hub (`hub`) over a Unix socket in a private (0700) temporary directory before they
-build anything.
+build anything. They build the hub's committed generation (`committed`), never the config file: a
+worker started at any time runs exactly what its siblings run.
 
-- Start: all N start at once; the supervisor prints `gateway listening on URL (N workers)` once every
-  one of them listens. If one cannot start (it exits, or says nothing within `START_TIMEOUT_S`), the
-  supervisor stops the others and exits with status 1.
+- Start: all N start at once. The supervisor prints `gateway listening on URL (N workers)` once each
+  has listened or failed. If none could start (it exits, or says nothing within `START_TIMEOUT_S`),
+  nothing can serve (the port is taken, the host cannot run a worker): the supervisor stops and
+  exits with status 1, so that the operator (or the service manager) sees it at once. If some
+  could, it serves with them (`(K of N workers)`) and the others are slots down, as below.
 - Crash: a worker that exits while the gateway runs is logged and restarted after a backoff that
   doubles with each exit of that slot within `BACKOFF_RESET_S` (0.5 s, 1 s, 2 s ... at most
-  `BACKOFF_MAX_S`), counted in `gateway_worker_restarts_total`. A slot whose replacement fails to
-  start `MAX_START_FAILURES` times in a row makes the supervisor give up: it stops everything and
-  exits with status 1 (a crash loop is not a gateway).
+  `BACKOFF_MAX_S`), counted in `gateway_worker_restarts_total`.
+- A slot whose worker cannot start stays down and is retried with the same backoff for as long as
+  the gateway runs (`retrying.forever`, on the injected sleep): it is reported in `/admin/workers`
+  (`down`: the slot, since when, its failures, the last error), in the log and in
+  `gateway_worker_slots_down` and `gateway_worker_start_failures_total`. It never stops the
+  supervisor or the workers that serve.
 - SIGHUP reloads every worker through the hub (`Hub.reload`); SIGTERM/SIGINT stop the workers (each
   drains its requests for up to `limits.drain_timeout_s`) and the supervisor exits 0.
 """
@@ -23,18 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..retrying import Backoff, forever
 from ..settings import Settings
 from ..state.pool import Pool
+from .committed import Committed
 from .hub import Hub
 
 log = logging.getLogger(__name__)
@@ -43,7 +50,6 @@ START_TIMEOUT_S = 60.0
 BACKOFF_S = 0.5
 BACKOFF_MAX_S = 15.0
 BACKOFF_RESET_S = 60.0
-MAX_START_FAILURES = 5
 
 
 class StartFailed(RuntimeError):
@@ -51,21 +57,42 @@ class StartFailed(RuntimeError):
 
 
 class Slot:
-    """One worker position: the process now in it and its recent exits."""
+    """One worker position: the process now in it, its recent exits, and why it is down if it is."""
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.proc: asyncio.subprocess.Process | None = None
-        self.exits: list[float] = []  # monotonic times of recent unexpected exits
-        self.start_failures = 0
+        self.exits: list[float] = []  # times of recent unexpected exits
+        self.down_since: float | None = None
+        self.failures = 0  # failed starts since it went down
+        self.last_error: str | None = None
         self._drain: asyncio.Task[None] | None = None
 
-    def backoff_s(self, now: float, first_s: float = BACKOFF_S) -> float:
-        self.exits = [t for t in self.exits if now - t < BACKOFF_RESET_S]
-        return float(min(first_s * 2 ** max(len(self.exits) - 1, 0), BACKOFF_MAX_S))
+    def exited(self, now: float, backoff: Backoff) -> float:
+        """Its worker exited at `now`: how long to wait before starting another."""
+        self.exits = [t for t in self.exits if now - t < BACKOFF_RESET_S] + [now]
+        return backoff.delay(len(self.exits))
+
+    def went_down(self, error: str, now: float, *, failed_start: bool) -> None:
+        if self.down_since is None:
+            self.down_since = now
+        self.failures += failed_start
+        self.last_error = error
+
+    def came_up(self) -> None:
+        self.down_since, self.failures, self.last_error = None, 0, None
+
+    def report(self, now: float) -> dict[str, Any] | None:
+        if self.down_since is None:
+            return None
+        return {"worker": self.number, "down_s": now - self.down_since, "failed_starts": self.failures,
+                "last_error": self.last_error}
 
     async def start(self, argv: list[str]) -> None:
-        proc = self.proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+        try:
+            proc = self.proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+        except OSError as exc:
+            raise StartFailed(f"worker {self.number} could not be started: {exc}") from exc
         assert proc.stdout is not None
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
@@ -97,13 +124,17 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 
 class Supervisor:
     def __init__(
-        self, settings: Settings, *, host: str, port: int, workers: int, config_path: str | None,
+        self, committed: Committed, *, host: str, port: int, workers: int, config_path: str | None,
         build_pool: Callable[[Settings], Pool], backoff_s: float = BACKOFF_S,
-        worker_argv: Callable[[Path, Path, int], list[str]] | None = None,
+        worker_argv: Callable[[Path, int], list[str]] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`worker_argv(config, hub socket, slot)`: how a worker is started (default: `gateway serve`)."""
-        self.settings = settings
-        self.backoff_first_s = backoff_s
+        """`worker_argv(hub socket, slot)`: how a worker is started (default: `gateway serve`)."""
+        self.committed = committed
+        self.backoff = Backoff(backoff_s, BACKOFF_MAX_S, rng=rng)
+        self._sleep = sleep
+        self._clock = clock
         self._worker_argv = worker_argv
         self.host = host
         self.port = port
@@ -111,21 +142,29 @@ class Supervisor:
         self._config_path = config_path
         self._build_pool = build_pool
         self.hub: Hub | None = None
-        self.exit_code = 0
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _argv(self, config: Path, hub_socket: Path, slot: Slot) -> list[str]:
+    @property
+    def serving(self) -> int:
+        """Slots whose worker is up."""
+        return sum(1 for s in self.slots if s.down_since is None and s.proc is not None)
+
+    def slots_down(self) -> list[dict[str, Any]]:
+        now = self._clock()
+        return [r for r in (s.report(now) for s in self.slots) if r is not None]
+
+    def _argv(self, hub_socket: Path, slot: Slot) -> list[str]:
         if self._worker_argv is not None:
-            return self._worker_argv(config, hub_socket, slot.number)
-        return [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--host", self.host,
-                "--port", str(self.port), "--reuse-port", "--hub", str(hub_socket), "--worker-slot", str(slot.number)]
+            return self._worker_argv(hub_socket, slot.number)
+        return [sys.executable, "-m", "gateway", "serve", "--host", self.host, "--port", str(self.port),
+                "--reuse-port", "--hub", str(hub_socket), "--worker-slot", str(slot.number)]
 
     async def run(self, on_listening: Callable[[str], None]) -> int:
-        """Run until stopped; the exit status (0, or 1 when a worker could not start)."""
+        """Run until stopped; the exit status (0, or 1 when no worker could start)."""
         holder = None
         if self.port == 0:  # reserve a concrete port that every worker can then bind with SO_REUSEPORT
             holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -133,76 +172,81 @@ class Supervisor:
             holder.bind((self.host, 0))
             self.port = holder.getsockname()[1]
         with tempfile.TemporaryDirectory(prefix="gateway-") as tmp:  # created 0700: only we reach the hub
-            config = Path(self._config_path) if self._config_path is not None else Path(tmp) / "gateway.yaml"
-            if self._config_path is None:
-                config.write_text(yaml.safe_dump(self.settings.model_dump(mode="json")))
             hub_socket = Path(tmp) / "hub.sock"
-            hub = self.hub = Hub(self.settings, config_path=str(config) if self._config_path else None,
-                                 build_pool=self._build_pool)
+            hub = self.hub = Hub(self.committed, config_path=self._config_path, build_pool=self._build_pool)
             hub.expected_workers = len(self.slots)
+            hub.slots_down = self.slots_down
             try:
                 await hub.start(hub_socket)
-                try:
-                    await asyncio.gather(*(s.start(self._argv(config, hub_socket, s)) for s in self.slots))
-                except StartFailed as exc:
-                    log.error("%s: stopping the gateway", exc)
+                started = await asyncio.gather(*(self._first_start(s, hub_socket) for s in self.slots))
+                if not any(started):
+                    log.error("no worker could start: stopping the gateway")
                     return 1
                 if holder is not None:
                     holder.close()
                     holder = None
-                url = f"http://{self.host}:{self.port}"
-                on_listening(url)
-                for slot in self.slots:
-                    self._spawn(self._watch(slot, config, hub_socket))
+                on_listening(f"http://{self.host}:{self.port}")
+                for slot, up in zip(self.slots, started, strict=True):
+                    self._spawn(self._keep(slot, hub_socket, up=up))
                 await self._stop.wait()
-                return self.exit_code
+                return 0
             finally:
                 for task in self._tasks:
                     task.cancel()
+                await asyncio.gather(*self._tasks, return_exceptions=True)
                 await asyncio.gather(*(s.stop() for s in self.slots))
                 await hub.stop()
                 if holder is not None:
                     holder.close()
+
+    async def _first_start(self, slot: Slot, hub_socket: Path) -> bool:
+        try:
+            await slot.start(self._argv(hub_socket, slot))
+        except StartFailed as exc:
+            self._failed(slot, exc)
+            log.error("%s: the slot stays down and is retried", exc)
+            return False
+        return True
+
+    def _failed(self, slot: Slot, exc: StartFailed) -> None:
+        slot.went_down(str(exc), self._clock(), failed_start=True)
+        if self.hub is not None:
+            self.hub.start_failures.inc()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _watch(self, slot: Slot, config: Path, hub_socket: Path) -> None:
-        """Restart the slot's worker whenever it exits, until the gateway stops."""
+    async def _keep(self, slot: Slot, hub_socket: Path, *, up: bool) -> None:
+        """Keep a worker in the slot until the gateway stops: restart it whenever it exits."""
+        if not up:
+            await self._sleep(self.backoff.delay(1))
+            await self._bring_up(slot, hub_socket)
         while True:
             assert slot.proc is not None
             code = await slot.proc.wait()
             if self._stop.is_set():
                 return
-            now = time.monotonic()
-            slot.exits.append(now)
-            delay = slot.backoff_s(now, self.backoff_first_s)
+            now = self._clock()
+            delay = slot.exited(now, self.backoff)
+            slot.went_down(f"exited with status {code}", now, failed_start=False)
             log.error("worker %d (pid %d) exited with status %s; restarting it in %.1f s", slot.number,
                       slot.proc.pid, code, delay)
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stop.wait()
-                if self._stop.is_set():
-                    return
-                try:
-                    await slot.start(self._argv(config, hub_socket, slot))
-                except StartFailed as exc:
-                    slot.start_failures += 1
-                    if slot.start_failures >= MAX_START_FAILURES:
-                        log.error("%s, %d times in a row: giving up, stopping the gateway", exc, slot.start_failures)
-                        self.exit_code = 1
-                        self._stop.set()
-                        return
-                    delay = min(delay * 2, BACKOFF_MAX_S)
-                    log.error("%s; trying again in %.1f s", exc, delay)
-                    continue
-                slot.start_failures = 0
-                assert self.hub is not None
-                assert slot.proc is not None
-                self.hub.restarted()
-                log.warning("worker %d restarted (pid %d)", slot.number, slot.proc.pid)
-                break
+            await self._sleep(delay)
+            await self._bring_up(slot, hub_socket)
+            assert self.hub is not None
+            self.hub.restarted()
+            log.warning("worker %d restarted (pid %d)", slot.number, slot.proc.pid)
 
+    async def _bring_up(self, slot: Slot, hub_socket: Path) -> None:
+        """Start the slot's worker, again and again with backoff until one listens."""
+        async for attempt in forever(wait=self.backoff, sleep=self._sleep, retry_on=StartFailed, log=log,
+                                     what=f"starting worker {slot.number}"):
+            with attempt:
+                try:
+                    await slot.start(self._argv(hub_socket, slot))
+                except StartFailed as exc:
+                    self._failed(slot, exc)
+                    raise
+        slot.came_up()

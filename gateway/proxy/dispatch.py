@@ -13,6 +13,7 @@ from ..errors import GatewayError
 from ..state.generations import Generations
 from .accounting import Accounting
 from .exchange import Exchange
+from .service import proxy_of
 from .sink import ResponseSink
 
 
@@ -36,8 +37,9 @@ class Dispatcher:
             key = ex.key = self._guard.authenticate(headers)
             if key is not None:
                 ex.rate_headers = await self._guard.limit(key) or None
-            generation.proxy.parse(ex, body, headers)
-            await generation.proxy.serve(ex, headers, sink)
+            proxy = proxy_of(generation)
+            proxy.parse(ex, body, headers)
+            await proxy.serve(ex, headers, sink)
         except GatewayError as exc:
             ex.status = str(exc.status)
             if ex.rate_headers:  # the key's budgets go with every answer, errors included

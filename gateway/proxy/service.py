@@ -28,8 +28,9 @@ from ..routing.features import api_key_digest
 from ..routing.registry import PREFIX_POLICIES
 from ..routing.response_owners import ResponseOwners
 from ..settings import Settings
+from ..state.generations import Generation
 from ..state.pool import Pool
-from ..state.splits import Splits
+from ..state.splits import LiveSplit, Splits
 from ..tokenize import PromptTokenizer
 from .accounting import Accounting
 from .attempts import Attempts, no_healthy_backend
@@ -110,6 +111,11 @@ class Proxy:
     @property
     def route_models(self) -> list[str]:
         return list(self._routes)
+
+    @property
+    def live_splits(self) -> dict[str, LiveSplit]:
+        """The live split of each split route (the app keeps them once this generation commits)."""
+        return {m: r.split for m, r in self._routes.items() if r.split is not None}
 
     def weights(self, model: str) -> dict[str, float]:
         """The live A/B weights of a split route (empty for other routes)."""
@@ -215,4 +221,12 @@ class Proxy:
 
     async def close(self) -> None:
         await self.shadows.close()
+
+
+def proxy_of(generation: Generation) -> Proxy:
+    """A config generation's proxy, typed: the composition root builds every generation with one, and
+    `state.generations` holds it knowing only how to close it (the state room imports nothing above it)."""
+    proxy = generation.proxy
+    assert isinstance(proxy, Proxy)
+    return proxy
 

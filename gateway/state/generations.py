@@ -1,7 +1,10 @@
 """Config generations: what a reload swaps atomically.
 
-A generation is everything built from one config: settings, resolved secrets, the pool, the proxy and
-its health poller. Handlers `enter()` the current generation when a request arrives and `leave()` it
+A generation is everything built from one config: settings, resolved secrets, the pool, the service
+that serves its requests and its health poller. The composition root (`gateway/app.py`) builds the
+parts and hands them in: this room knows the service only as something to close (`Service`; it is
+the proxy room's `Proxy`, which `proxy.service.proxy_of` gives back typed), so nothing here imports
+upwards. Handlers `enter()` the current generation when a request arrives and `leave()` it
 when the request (stream included) is finished, so a request runs on the config it started with. A
 retired generation's poller stops once its last request has left. The metrics registry, recorder,
 statistics and HTTP session belong to the app and outlive every generation.
@@ -13,12 +16,18 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..access.secrets import Secrets
-from ..proxy.service import Proxy
 from ..settings import Settings
 from .health import Poller
 from .pool import BackendState, Pool
+
+
+class Service(Protocol):
+    """What a generation serves requests with, as far as its lifetime goes."""
+
+    async def close(self) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -27,7 +36,7 @@ class Generation:
     settings: Settings
     secrets: Secrets
     pool: Pool
-    proxy: Proxy
+    proxy: Service
     poller: Poller
     task: asyncio.Task[None] | None = None
     in_flight: int = 0

@@ -1,27 +1,22 @@
-"""Periodic readiness probes and load scrapes, one task for the whole pool.
+"""A config generation's health and load polling: its pool's backends, each on its own probe task.
 
-Each round probes every backend's readiness and scrapes its load concurrently, then sleeps. The
-clock and sleep are injected; a round can also be run directly (`poll_once`) by tests and at startup,
-and one backend at once (`poll_backend`: a discovered backend is probed as soon as it joins). Draining
-backends are not probed: they get no new requests whatever a probe says.
+`HealthPoller` keeps one `probes.ProbeTasks` task per backend of its pool that it probes (draining
+backends are not probed: they get no new requests whatever a probe says; discovered backends get a
+task as they join), reconciled every interval. `poll_once` probes every backend once (at start, and
+a reload's first look at its new pool), `poll_backend` one (a discovered backend is probed as soon
+as it joins). Clock and sleep are injected.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
 
-from backends.base import LoadParseError
-
-from .model_cards import scrape_card
 from .pool import BackendState, Pool
-
-log = logging.getLogger(__name__)
+from .probes import ProbeTasks
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -29,7 +24,7 @@ Sleep = Callable[[float], Awaitable[None]]
 
 class Poller(Protocol):
     """What a config generation runs to keep its pool's health and load current: a `HealthPoller`,
-    or a `health_feed.FollowedPoller` that applies the results its supervisor's poller found."""
+    or a `health_feed.FollowedPoller` that applies the results its supervisor's probes found."""
 
     async def poll_once(self) -> None: ...
 
@@ -47,49 +42,30 @@ class HealthPoller:
         interval_s: float,
         clock: Clock,
         sleep: Sleep = asyncio.sleep,
+        probes: Callable[[BackendState], bool] | None = None,
     ) -> None:
+        """`probes(state)`: whether this poller probes that backend (default: all of them)."""
         self._pool = pool
-        self._session = session
         self._interval_s = interval_s
-        self._clock = clock
         self._sleep = sleep
+        self._wanted = probes
+        self.tasks = ProbeTasks(pool, session, interval_s=interval_s, clock=clock, sleep=sleep)
+
+    def _probed(self) -> list[BackendState]:
+        wanted = self._wanted
+        return [s for s in self._pool if not s.draining and (wanted is None or wanted(s))]
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self.poll_backend(s) for s in self._pool if not s.draining))
-
-    async def run(self) -> None:
-        while True:
-            await self._sleep(self._interval_s)
-            await self.poll_once()
+        await asyncio.gather(*(self.tasks.probe(s) for s in self._probed()))
 
     async def poll_backend(self, state: BackendState) -> None:
         """Probe one backend's readiness, scrape its load and (now and then) its model card."""
-        await asyncio.gather(self._probe(state), self._scrape(state), scrape_card(self._session, state, self._clock()))
+        await self.tasks.probe(state)
 
-    async def _probe(self, state: BackendState) -> None:
-        probe = state.adapter.readiness
-        url = state.config.base_url + probe.path
+    async def run(self) -> None:
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=probe.timeout_s)) as resp:
-                await resp.read()
-                ok = resp.status in probe.ok
-                error = None if ok else f"readiness probe answered {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            ok, error = False, f"readiness probe failed: {type(exc).__name__}"
-        was_healthy = state.healthy
-        self._pool.record_probe(state.name, ok, self._clock(), error)
-        if was_healthy != state.healthy:
-            log.info("backend %s is now %s", state.name, "healthy" if state.healthy else f"unhealthy ({error})")
-
-    async def _scrape(self, state: BackendState) -> None:
-        base = str(state.config.metrics_url).rstrip("/") if state.config.metrics_url else state.config.base_url
-        url = base + state.adapter.load_path
-        try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-                if resp.status != 200:
-                    return
-                body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
-            return
-        with contextlib.suppress(LoadParseError):
-            self._pool.record_load(state.name, state.adapter.parse_load(body, state.load), self._clock())
+            while True:
+                self.tasks.follow(self._probed())
+                await self._sleep(self._interval_s)
+        finally:
+            await self.tasks.close()

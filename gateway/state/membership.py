@@ -136,9 +136,19 @@ class Membership:
                 followed.entry = entry
                 followed.backends = make_backends(entry, followed.endpoints)
 
-    def discovered(self) -> list[tuple[Backend, str]]:
-        """Every discovered backend now, with the entry it came from: what a new pool starts with."""
-        return [(b, name) for name, f in self._followed.items() for b in f.backends.values()]
+    def discovered(self, settings: Settings | None = None) -> list[tuple[Backend, str]]:
+        """Every discovered backend now, with the entry it came from: what a new pool starts with.
+        With `settings` (a generation being prepared, not committed): what `configure(settings)`
+        would leave, changing nothing."""
+        if settings is None:
+            return [(b, name) for name, f in self._followed.items() for b in f.backends.values()]
+        found: list[tuple[Backend, str]] = []
+        for entry in settings.discovery:
+            followed = self._followed.get(entry.name)
+            if followed is not None:
+                made = followed.backends if entry == followed.entry else make_backends(entry, followed.endpoints)
+                found += [(b, entry.name) for b in made.values()]
+        return found
 
     def remembered(self) -> set[str]:
         """Backends that left lately (within their entry's `remember_s`): their history and routing

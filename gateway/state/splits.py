@@ -60,7 +60,9 @@ class LiveSplit:
 
 class Splits:
     """The live split of every split route, kept across config reloads while a route's split stays
-    as configured (a changed split starts from the new file's weights)."""
+    as configured (a changed split starts from the new file's weights). In two phases, as a reload:
+    a generation being prepared takes `for_route` (the kept split, or a new one kept by no one yet);
+    once it commits, `keep` makes its splits the live ones (a refused reload changes nothing)."""
 
     def __init__(self) -> None:
         self._live: dict[str, LiveSplit] = {}
@@ -69,9 +71,9 @@ class Splits:
         assert route.split is not None
         live = self._live.get(route.model)
         if live is None or live.configured != route.split:
-            live = self._live[route.model] = LiveSplit(route)
+            live = LiveSplit(route)
         return live
 
-    def retain(self, models: Collection[str]) -> None:
-        for gone in [m for m in self._live if m not in models]:
-            del self._live[gone]
+    def keep(self, live: Mapping[str, LiveSplit]) -> None:
+        """The committed generation's splits, by route model: the only ones kept from now on."""
+        self._live = dict(live)

@@ -24,6 +24,7 @@ from backends.base import Runtime
 from backends.emulator import EmulatorConfig, Faults, RunningEmulator, start_emulator
 from gateway.app import Built, build
 from gateway.discovery import DiscoveryEntry, Endpoint, Failed, Observation, Resolved, Source
+from gateway.proxy.service import proxy_of
 from gateway.settings import load_settings
 from tests.polling import until
 
@@ -239,7 +240,7 @@ async def test_a_backend_that_disappears_drains_its_streams_then_leaves(
     await wait_for(lambda: gone(gw, name_of(b)))
     assert name_of(b) not in await gw.compared()  # out of the comparison...
     assert name_of(b) in gw.built.stats.absent  # ...its history kept aside for its return (remember_s)
-    assert name_of(b) in gw.built.generations.current.proxy.routing.latency  # and its routing memory
+    assert name_of(b) in proxy_of(gw.built.generations.current).routing.latency  # and its routing memory
     assert gw.metric("gateway_discovery_changes_total", source="pool", change="removed") == 1
     assert gw.metric("gateway_discovery_endpoints", source="pool") == 1
 
@@ -277,7 +278,7 @@ async def test_a_backend_that_comes_back_within_remember_s_gets_its_history_and_
 ) -> None:
     a, b = await emulators(), await emulators()
     gw: Gateway = await gateway(config_of())
-    routing = gw.built.generations.current.proxy.routing
+    routing = proxy_of(gw.built.generations.current).routing
     gw.source.say(found(a, b))
     await wait_for(lambda: both_ready(gw, a, b))
     served = [(await gw.ask())[0] for _ in range(6)]
