@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .fakes import RecordingBackend, run, start_recording_backend
-from .harness import ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, wait_for
+from .harness import AS_JSON, ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, wait_for
 from .test_workers import chat, fresh, scrape, total
 
 Start = Callable[..., GatewayProcess]
@@ -69,7 +69,7 @@ def test_a_restarted_worker_runs_the_committed_generation_not_the_edited_file(
         config["routes"] = [{"model": "renamed", "backends": ["v"], "tokenizer": str(tmp_path / "missing")}]
 
     edit(gw, refused)
-    reply = fresh("POST", gw.url + "/admin/reload")
+    reply = fresh("POST", gw.url + "/admin/reload", headers=AS_JSON)
     assert reply.status_code == 400
     assert any("tokenizer" in e for e in reply.json()["errors"])
     kill_a_worker(gw)
@@ -155,7 +155,7 @@ def test_a_reload_the_workers_refuse_leaves_probes_and_health_as_they_were(
             config["routes"] = [{"model": "moe", "backends": ["a", "c"], "tokenizer": str(tmp_path / "missing")}]
 
         edit(gw, refused)
-        reply = fresh("POST", gw.url + "/admin/reload")
+        reply = fresh("POST", gw.url + "/admin/reload", headers=AS_JSON)
         assert reply.status_code == 400
         assert reply.json()["error"]["code"] == "invalid_config"
         assert [backends_view(gw) for _ in range(6)] == before  # every worker: as before
@@ -184,7 +184,7 @@ def test_a_worker_restarting_during_a_reload_ends_on_the_committed_generation(
 
     edit(gw, add_route)
     os.kill(victim, signal.SIGKILL)
-    reply = fresh("POST", gw.url + "/admin/reload")  # while the slot's replacement is starting
+    reply = fresh("POST", gw.url + "/admin/reload", headers=AS_JSON)  # while the slot's replacement is starting
     assert reply.status_code == 200
     assert reply.json()["generation"] == 2
     doc = wait_for(lambda: workers_doc(gw),
