@@ -47,6 +47,7 @@ from ..access.ratelimit import KeyLimiter, Limits
 from ..access.secrets import resolve_secrets
 from ..kvcache.intake import backend_headers
 from ..kvcache.relay import KvRelay
+from ..merge_rules import Merge, declare
 from ..settings import ConfigError, Settings, load_settings
 from ..state.health import HealthPoller
 from ..state.health_feed import Result, results
@@ -269,8 +270,8 @@ class Hub:
     async def _scrape_workers(self) -> None:
         for conn, answer in await self._each("collect", timeout_s=5.0):
             if isinstance(answer, list) and self.workers.get(conn.slot) is conn:
-                self.merger.update(conn.source, answer)
-        self.merger.update("hub", dump(self.registry))
+                self.merger.update(conn.source, answer, worker=str(conn.slot))
+        self.merger.update("hub", dump(self.registry), worker="hub")
 
     async def metrics(self, accept: str) -> tuple[bytes, str]:
         """The whole gateway's /metrics (a worker that does not answer in time contributes what it
@@ -415,6 +416,10 @@ class Hub:
 
     async def _workers_doc(self, body: Any) -> dict[str, Any]:
         return await self.workers_doc()
+
+
+declare(Merge.SUM, "gateway_worker_restarts_total")  # the hub's own families: one source each
+declare(Merge.MAX, "gateway_workers")
 
 
 class _WorkersGauge:

@@ -10,8 +10,8 @@ it under `--workers N` (what only one process may hear, heard once and republish
 `collector` exposes their state to Prometheus. All but `intake` and `relay` are pure (time comes in
 as arguments or an injected clock).
 
-May import: `routing` (its values), `settings`, `tasks`. Imported by `app` (wiring), `admin` and `cluster`
-(the hub's relay).
+May import: `routing` (its values), `settings`, `tasks`, `merge_rules`. Imported by `app` (wiring), `admin`
+and `cluster` (the hub's relay).
 """
 
 from .cache import BackendCache, State
