@@ -27,6 +27,7 @@ from .test_workers import chat, fresh, scrape, total
 
 Gateway = Callable[..., GatewayProcess]
 Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+AS_JSON = {"Content-Type": "application/json"}  # what an admin write sends (a body-less POST too)
 
 
 @pytest.fixture
@@ -123,7 +124,7 @@ def test_counters_never_go_backwards_across_a_reload_nor_count_twice_across_a_re
     config = yaml.safe_load(gw.config_path.read_text())
     config["backends"][0]["kv_events"]["silent_after_s"] = 7.5
     gw.config_path.write_text(yaml.safe_dump(config))
-    assert fresh("POST", gw.url + "/admin/reload").status_code == 200
+    assert fresh("POST", gw.url + "/admin/reload", headers=AS_JSON).status_code == 200
     reloaded = scrape(url)
     assert never_backwards(settled, reloaded) == []
 
