@@ -5,9 +5,10 @@ Roles: `clock` (the one time base of every gateway process), `channel` (framed t
 private Unix socket), `scrape` (one /metrics merged over workers by each family's declared rule,
 monotonic across restarts), `windows` and `host_views` (the hub's merged /metrics and comparison, a
 retired worker's windows kept until they age out), `hub` (the supervisor's side: probes once,
-limits, fans admin writes out, merges metrics and windows), `link` (a worker's side of the same channel), `supervisor` (starts, restarts and stops the
-workers), `coordinator` (what a process's admin endpoints call: its own state, or the hub's),
-`overrides` and `fleet` (live weights and window data shared through the store).
+limits, fans admin writes out, merges metrics and windows), `link` (a worker's side of the same
+channel), `supervisor` (starts, restarts and stops the workers), `coordinator` (what a process's
+admin endpoints call: its own state, or the hub's), `overrides` and `fleet` (live weights and window
+data shared through the store).
 
 May import every room below it (state, access, stats, observability, admin, kvcache) and `tasks`; only `app` and
 `process` import it.
