@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 from backends.base import Endpoint
 
 from ..errors import Forbidden, RateLimited, Unauthorized, UnsupportedMediaType
+from ..merge_rules import Merge, declare
 from ..observability.outcome import Outcome
 from ..settings import ApiKey
 from ..state.generations import Generations
@@ -112,6 +113,7 @@ class Guard:
             "Tokens by client key id (from usage; estimated where a request ended before its usage).",
             ("key", "kind"), registry=registry,
         )
+        declare(Merge.SUM, "gateway_key_requests", "gateway_key_tokens")  # each worker counts its own requests
 
     def charge(self, key: ApiKey, outcome: Outcome) -> None:
         """Accounting's per-key hook: count the request and charge its tokens to the key's budget."""

@@ -18,11 +18,12 @@ worker's private channel (`channel`, on a Unix socket in a 0700 directory):
   are remembered and given to a worker that (re)starts, and with a store they are shared with every
   replica (`overrides`);
 - **one /metrics**: a scrape that lands on any worker is answered with every worker's families
-  merged (`scrape`), monotonic while workers restart; the hub's own families
-  (`gateway_worker_restarts_total`, `gateway_workers`) join them;
+  merged by the rules they declare (`scrape`), monotonic while workers restart; the hub's own
+  families (`gateway_worker_restarts_total`, `gateway_workers`) join them (`host_views`);
 - **one comparison**: `/admin/compare` merges every worker's windows (`stats.export`), so counts,
-  throughput and cost per 1M tokens are the whole gateway's; with a store, the hub publishes them
-  for the fleet view (`fleet`);
+  throughput and cost per 1M tokens are the whole gateway's, a retired worker's included until
+  they age out (`host_views`, `windows`); with a store, the hub publishes them for the fleet view
+  (`fleet`);
 - **one listener for KV events only one process may hear** (a bound endpoint, trtllm-serve's
   draining `/kv_cache_events`): the hub receives and republishes them to every worker
   (`kvcache.relay`); workers connect to engines' own publishers themselves.
@@ -34,11 +35,8 @@ stats and limits in memory. Here the workers are processes, so the supervisor pl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,25 +49,23 @@ from prometheus_client.core import GaugeMetricFamily
 from ..access.ratelimit import KeyLimiter, Limits
 from ..kvcache.intake import backend_headers
 from ..kvcache.relay import KvRelay
+from ..merge_rules import Merge, declare
 from ..settings import Settings
 from ..state.pool import Pool
 from ..state.reload import Reloaded, ReloadRejected, restart_required
-from ..state.store import Store, StoreDown
-from ..stats import Comparer
-from ..stats.export import Export, export_book, merge
+from ..state.store import Store
 from ..tasks import cancel_all
 from . import commit
 from .channel import Channel, Handler
 from .clock import gateway_clock
 from .committed import Committed
-from .fleet import FleetStats, replica_row
+from .fleet import FleetStats
+from .host_views import BASELINE_S, HostViews
 from .overrides import SharedWeights, fingerprints
 from .probes import SharedProbes
-from .scrape import ScrapeMerger, dump
 
 log = logging.getLogger(__name__)
 
-BASELINE_SCRAPE_S = 5.0  # besides every scrape: bounds what a crashed worker's counters lose
 CALL_TIMEOUT_S = 10.0
 PoolBuilder = Callable[[Settings], Pool]
 
@@ -113,12 +109,13 @@ class Hub:
                                       registry=self.registry)
         self.slots_down: Callable[[], list[dict[str, Any]]] = list  # the supervisor's slots without a worker
         self.registry.register(_WorkersGauge(self))
-        self.merger = ScrapeMerger()
         self.limiter = KeyLimiter(clock)
         self.workers: dict[int, WorkerConn] = {}
         self.expected_workers = 0
         self.overrides: dict[str, tuple[str, dict[str, float]]] = {}  # model -> (split fingerprint, weights)
         self.replica = replica_name(settings)
+        self.views = HostViews(each=self._each, current=lambda c: self.workers.get(c.slot) is c,
+                               registry=self.registry, clock=clock, replica=self.replica)
         self.store: Store | None = None
         self.shared: SharedWeights | None = None
         self.fleet: FleetStats | None = None
@@ -128,16 +125,15 @@ class Hub:
                 self.store, replica=self.replica, apply=self._apply_shared,
                 fingerprints=lambda: fingerprints(self.settings), interval_s=settings.state.sync_interval_s,
             )
-            self.fleet = FleetStats(self.store, replica=self.replica, export=self._host_export,
-                                    interval_s=settings.state.publish_interval_s, workers=lambda: len(self.workers))
+            self.fleet = self.views.fleet = FleetStats(
+                self.store, replica=self.replica, export=self.views.host_export,
+                interval_s=settings.state.publish_interval_s, workers=lambda: len(self.workers))
         self._session: aiohttp.ClientSession | None = None
         self.probes: SharedProbes | None = None
         self.kv_relay: KvRelay | None = None
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
-        self._docs: dict[tuple[str, int, int], dict[str, Any]] = {}
-        self._comparers: dict[str, Comparer] = {}
         self.restart_count = 0
 
     @property
@@ -198,8 +194,8 @@ class Hub:
 
     async def _baseline_scrapes(self) -> None:
         while True:
-            await asyncio.sleep(BASELINE_SCRAPE_S)
-            await self._scrape_workers()
+            await asyncio.sleep(BASELINE_S)
+            await self.views.refresh()
 
     # -- workers ------------------------------------------------------------------------------------
 
@@ -235,7 +231,7 @@ class Hub:
                 self._retire(conn)
 
     def _retire(self, conn: WorkerConn) -> None:
-        self.merger.retire(conn.source)
+        self.views.retire(conn)
         if self.workers.get(conn.slot) is conn:
             del self.workers[conn.slot]
 
@@ -267,17 +263,9 @@ class Hub:
 
     # -- metrics ------------------------------------------------------------------------------------
 
-    async def _scrape_workers(self) -> None:
-        for conn, answer in await self._each("collect", timeout_s=5.0):
-            if isinstance(answer, list) and self.workers.get(conn.slot) is conn:
-                self.merger.update(conn.source, answer)
-        self.merger.update("hub", dump(self.registry))
-
     async def metrics(self, accept: str) -> tuple[bytes, str]:
-        """The whole gateway's /metrics (a worker that does not answer in time contributes what it
-        reported last)."""
-        await self._scrape_workers()
-        return self.merger.render(accept)
+        """The whole gateway's /metrics (`host_views`)."""
+        return await self.views.metrics(accept)
 
     async def _metrics(self, body: dict[str, Any]) -> list[str]:
         page, content_type = await self.metrics(str(body.get("accept", "")))
@@ -285,42 +273,9 @@ class Hub:
 
     # -- comparison ---------------------------------------------------------------------------------
 
-    async def _worker_exports(self, max_samples: int | None) -> list[Export]:
-        return [a for _, a in await self._each("stats", {"max_samples": max_samples}, timeout_s=30.0)
-                if isinstance(a, dict)]
-
-    async def _host_export(self, max_samples: int | None) -> Export:
-        now = self._clock()
-        exports = await self._worker_exports(max_samples)
-        return export_book(merge(exports, now=now), now, max_samples=max_samples)
-
     async def compare(self, window: int, scope: str) -> dict[str, Any]:
-        now = self._clock()
-        key = (scope, window, math.floor(now))
-        doc = self._docs.get(key)
-        if doc is not None:
-            return {**doc, "now_s": now}
-        exports = await self._worker_exports(None)
-        extra: dict[str, Any] = {"scope": scope, "workers": len(exports)}
-        if scope == "fleet":
-            own = export_book(merge(exports, now=now), now)
-            others: list[Export] = []
-            if self.fleet is not None:
-                with contextlib.suppress(StoreDown):
-                    others = await self.fleet.others()
-            wall = time.time()
-            extra["replicas"] = [{"replica": self.replica, "workers": len(exports), "age_s": 0.0},
-                                 *(replica_row(o, wall) for o in others)]
-            exports = [own, *others]
-        comparer = self._comparers.get(scope)
-        merged = merge(exports, now=now)
-        if comparer is None:
-            comparer = self._comparers[scope] = Comparer(merged)
-        comparer.book = merged  # (its A/B analyses are kept for 5 s, as a worker's own are)
-        doc = {**await comparer.document_async(now, window), **extra}
-        self._docs = {k: v for k, v in self._docs.items() if k[2] == key[2]}
-        self._docs[key] = doc
-        return doc
+        """The whole gateway's comparison (`host_views`)."""
+        return await self.views.compare(window, scope)
 
     async def _compare(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.compare(int(body["window"]), str(body.get("scope", "replica")))
@@ -403,6 +358,10 @@ class Hub:
 
     async def _workers_doc(self, body: Any) -> dict[str, Any]:
         return await self.workers_doc()
+
+
+declare(Merge.SUM, "gateway_worker_restarts_total", "gateway_worker_start_failures_total")  # the hub's own
+declare(Merge.MAX, "gateway_workers", "gateway_worker_slots_down")  # families: one source each
 
 
 class _WorkersGauge:

@@ -1,63 +1,67 @@
-"""One /metrics page for the whole gateway, merged from every worker's families.
+"""One /metrics page for the whole gateway, merged from every worker's families by their declared rules.
 
 Why not prometheus_client's multiprocess mode: it works by giving each *prometheus_client* metric an
 mmap file, and the gateway's request families are its own lock-free collectors (`lockfree`) and
 scrape-time collectors (pool gauges, the live comparison), which it cannot see. So the supervisor
-asks each worker for its families (`dump`: the registry's collected samples as plain data, over the
+asks each worker for its families (`dump`: the registry's collected samples as plain data, each
+family with the merge rule it declared where it is defined, `gateway.merge_rules`, over the
 worker's private channel) and serves their merge, the way Envoy's hot restart merges the stats of
-its generations:
+its generations. By rule (`Merge`):
 
-- counters and histograms (`_total`, `_bucket`, `_count`, `_sum`) are summed over the workers, and a
-  worker that died keeps contributing the last values it reported (`retire`), so every series stays
-  monotonic from scrape to scrape while workers come and go (only what a crashed worker counted
-  after its last report is lost; the supervisor asks every few seconds besides each scrape);
-- gauges are summed (in flight, open connections, memory, live throughput) unless `GAUGES` says
-  otherwise: values that every worker reads from the one shared probe (engine load) or the config
-  (prices, build) are the same everywhere and taken once (`max`); `gateway_backend_up` is 1 only
-  when every worker routes to the backend (`min`: outlier ejection is per worker); the live cost
-  per 1M tokens is recomputed for the summed throughput (`harmonic`: 1/c = sum of 1/c_i, exact for
-  c_i = price / throughput_i); the descriptor pair is the one worker nearest its own limit (the
-  limit is per process, so a sum would hide it);
-- `_created` samples are dropped: a sum of several processes' creation times means nothing.
+- `sum`: gauges are summed over the live workers; counters and histograms (`_total`, `_bucket`,
+  `_count`, `_sum`) too, and a worker that died keeps contributing the last values it reported
+  (`retire`), so every series stays monotonic while workers come and go (only what a crashed
+  worker counted after its last report is lost; the supervisor asks every few seconds besides each
+  scrape);
+- `max`, `min`, `harmonic`: gauges of one shared thing, combined so (see `merge_rules`);
+- `once`: the family's voice is the oldest live worker that has it: its gauges are taken as they
+  are, and its counters' progress is added to what the gateway had counted; when it goes, the next
+  oldest takes over from where its own counters stand (they had counted the same events), so an
+  event every worker observed counts once, and a worker that starts again does not count again
+  what the others had counted;
+- `worker`: one series per worker slot, with a `worker` label; a slot's counters continue across
+  its worker's restarts, like sums;
+- a family that declares no rule (or a counter declared with a gauge's rule) is merged as `worker`,
+  never summed, and logged once.
+
+Whatever the rule, a counter never goes backwards in the merge: a live worker's series that goes
+down (its state was recreated) or disappears keeps what it had counted. `_created` samples are
+dropped: a merge of several processes' creation times means nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
+from ..merge_rules import COUNTER_RULES, Merge, rule_of
+
+log = logging.getLogger(__name__)
+
 Labels = tuple[tuple[str, str], ...]
-Dump = list[list[Any]]  # [[name, type, documentation, unit, [[sample name, labels, value], ...]], ...]
+Sample = tuple[str, Labels]  # (sample name, labels) within a family
+# [[name, type, documentation, unit, [[sample name, labels, value], ...], rule], ...]
+Dump = list[list[Any]]
 
 MONOTONIC_TYPES = frozenset({"counter", "histogram", "summary"})
 MONOTONIC_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
-
-GAUGES: Mapping[str, str] = {
-    "gateway_backend_up": "min",
-    "gateway_backend_engine_running": "max",
-    "gateway_backend_engine_waiting": "max",
-    "gateway_backend_engine_kv_cache_usage_ratio": "max",
-    "gateway_backend_engine_prefix_cache_hit_ratio": "max",
-    "gateway_backend_usd_per_hour": "max",
-    "gateway_build_info": "max",
-    "gateway_state_store_up": "min",
-    "gateway_backend_cost_per_million_tokens_usd": "harmonic",
-    "process_start_time_seconds": "min",
-}
-FD_PAIR = ("process_open_fds", "process_max_fds")
+WORKER_LABEL = "worker"
 
 
 def dump(registry: CollectorRegistry) -> Dump:
-    """Every family `registry` collects now, as plain data (for the channel)."""
+    """Every family `registry` collects now, as plain data (for the channel), with its merge rule."""
     out: Dump = []
     for m in registry.collect():
         samples = [[s.name, s.labels, s.value] for s in m.samples if not s.name.endswith("_created")]
-        out.append([m.name, m.type, m.documentation, m.unit, samples])
+        rule = rule_of(m.name)
+        out.append([m.name, m.type, m.documentation, m.unit, samples, None if rule is None else rule.value])
     return out
 
 
@@ -73,80 +77,200 @@ def _monotonic(kind: str, sample: str) -> bool:
     return kind in MONOTONIC_TYPES and sample.endswith(MONOTONIC_SUFFIXES)
 
 
-def _combine(policy: str, values: list[float]) -> float:
-    if policy == "min":
+def _combine(rule: Merge, values: list[float]) -> float:
+    if rule is Merge.MIN:
         return min(values)
-    if policy == "max":
+    if rule is Merge.MAX:
         return max(values)
-    if policy == "harmonic":
+    if rule is Merge.HARMONIC:
         inverse = math.fsum(1.0 / v for v in values if v > 0)
         return 1.0 / inverse if inverse > 0 else math.nan
     return math.fsum(values)
 
 
+@dataclass
+class _Family:
+    kind: str
+    documentation: str
+    unit: str
+    rule: Merge
+    order: dict[Sample, dict[str, str]] = field(default_factory=dict)  # first-seen sample order
+
+
+@dataclass
+class _Voice:
+    """A `once` family: which live worker speaks for it, and what the gateway has counted."""
+
+    source: str | None = None
+    counted: dict[Sample, float] = field(default_factory=dict)  # the gateway's count of each series
+    heard: dict[Sample, float] = field(default_factory=dict)  # the voice's own counts already in `counted`
+
+
+class _Counts:
+    """One live worker's counters: the last value of each series, plus what its recreated series had
+    counted before they went down (so that its counts only ever go up)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, dict[Sample, float]] = {}
+        self.carried: dict[str, dict[Sample, float]] = {}
+
+    def see(self, family: str, sample: Sample, value: float) -> None:
+        last = self.last.setdefault(family, {})
+        before = last.get(sample)
+        if before is not None and value < before:  # the worker made this counter anew
+            carried = self.carried.setdefault(family, {})
+            carried[sample] = carried.get(sample, 0.0) + before
+        last[sample] = value
+
+    def of(self, family: str) -> dict[Sample, float]:
+        carried = self.carried.get(family, {})
+        return {s: v + carried.get(s, 0.0) for s, v in self.last.get(family, {}).items()}
+
+
 class ScrapeMerger:
-    """The latest dump of every live source, plus the retired monotonic totals of dead ones."""
+    """The latest dump of every live source (oldest first), plus what the retired ones had counted."""
 
     def __init__(self) -> None:
         self._live: dict[str, Dump] = {}
-        self._retired: dict[tuple[str, str, Labels], float] = {}
-        self._meta: dict[str, tuple[str, str, str]] = {}  # family -> (type, documentation, unit)
-        self._order: dict[str, dict[tuple[str, Labels], dict[str, str]]] = {}  # first-seen sample order
+        self._workers: dict[str, str] = {}  # source -> its `worker` label value
+        self._counts: dict[str, _Counts] = {}
+        self._families: dict[str, _Family] = {}
+        # (family, sample) -> {worker label ("" for `sum`): what retired sources had counted}
+        self._retired: dict[tuple[str, Sample], dict[str, float]] = {}
+        self._voices: dict[str, _Voice] = {}
+        self._warned: set[str] = set()
 
     @property
     def sources(self) -> list[str]:
         return list(self._live)
 
-    def update(self, source: str, families: Dump) -> None:
+    def update(self, source: str, families: Dump, *, worker: str | None = None) -> None:
+        """`source`'s families now; `worker` labels its series of `worker` families (default: `source`)."""
         self._live[source] = families
-        for name, kind, doc, unit, samples in families:
-            self._meta.setdefault(name, (kind, doc, unit))
-            order = self._order.setdefault(name, {})
-            for sample, labels, _ in samples:
-                order.setdefault((sample, _key(labels)), labels)
+        self._workers[source] = worker if worker is not None else source
+        counts = self._counts.setdefault(source, _Counts())
+        for name, kind, doc, unit, samples, rule in families:
+            family = self._family(name, kind, doc, unit, rule)
+            for sample, labels, value in samples:
+                key = (sample, _key(labels))
+                family.order.setdefault(key, labels)
+                if _monotonic(kind, sample):
+                    counts.see(name, key, _value(value))
+        self._listen()
 
     def retire(self, source: str) -> None:
-        """`source` is gone: its counters and histograms stay in every sum from now on, its gauges go."""
-        families = self._live.pop(source, None)
-        for name, kind, _, _, samples in families or ():
-            for sample, labels, value in samples:
-                if _monotonic(kind, sample):
-                    key = (name, sample, _key(labels))
-                    self._retired[key] = self._retired.get(key, 0.0) + _value(value)
+        """`source` is gone: what it counted stays in every merge from now on, its gauges go."""
+        if self._live.pop(source, None) is None:
+            return
+        worker = self._workers.pop(source)
+        counts = self._counts.pop(source)
+        for name in counts.last:
+            rule = self._families[name].rule
+            if rule is Merge.ONCE:
+                continue  # counted through its voice already
+            by = worker if rule is Merge.WORKER else ""
+            for sample, value in counts.of(name).items():
+                kept = self._retired.setdefault((name, sample), {})
+                kept[by] = kept.get(by, 0.0) + value
+        self._listen()
+
+    def _family(self, name: str, kind: str, doc: str, unit: str, declared: str | None) -> _Family:
+        try:
+            rule: Merge | None = None if declared is None else Merge(declared)
+        except ValueError:
+            rule = None
+        if rule is None or (kind in MONOTONIC_TYPES and rule not in COUNTER_RULES):
+            if name not in self._warned:
+                self._warned.add(name)
+                log.warning("metric family %s declares no merge rule for a %s (gateway.merge_rules): "
+                            "shown per worker", name, kind)
+            rule = Merge.WORKER
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = _Family(kind, doc, unit, rule)
+        else:
+            family.kind, family.documentation, family.unit, family.rule = kind, doc, unit, rule
+        return family
+
+    def _listen(self) -> None:
+        """Advance every `once` family's count by its voice's progress (a new voice if the last went)."""
+        having: dict[str, list[str]] = {}
+        for source, families in self._live.items():  # oldest first
+            for row in families:
+                if self._families[row[0]].rule is Merge.ONCE:
+                    having.setdefault(row[0], []).append(source)
+        for name, sources in having.items():
+            voice = self._voices.setdefault(name, _Voice())
+            if voice.source not in sources:
+                if voice.source is not None:  # a handover: the series the gateway counted, the old voice had
+                    voice.heard = {s: v for s, v in self._counts[sources[0]].of(name).items() if s in voice.counted}
+                voice.source = sources[0]
+            for sample, value in self._counts[voice.source].of(name).items():
+                heard = voice.heard.get(sample, 0.0)
+                if value > heard:
+                    voice.counted[sample] = voice.counted.get(sample, 0.0) + value - heard
+                    voice.heard[sample] = value
+                else:
+                    voice.counted.setdefault(sample, 0.0)  # (a series first heard at 0)
 
     def families(self) -> Iterator[Metric]:
-        collected: dict[str, dict[tuple[str, Labels], list[tuple[str, float]]]] = {}
+        gauges: dict[str, dict[Sample, list[tuple[str, float]]]] = {}
         for source, families in self._live.items():
-            for name, _, _, _, samples in families:
-                into = collected.setdefault(name, {})
+            for name, kind, _, _, samples, _ in families:
+                into = gauges.setdefault(name, {})
                 for sample, labels, value in samples:
-                    into.setdefault((sample, _key(labels)), []).append((source, _value(value)))
-        fd_source = self._fd_source(collected)
-        for name, (kind, doc, unit) in self._meta.items():
-            metric = Metric(name, doc, kind, unit)
-            seen = collected.get(name, {})
-            for (sample, key), labels in self._order[name].items():
-                values = seen.get((sample, key), [])
-                if _monotonic(kind, sample):
-                    retired = self._retired.get((name, sample, key))
-                    if not values and retired is None:
-                        continue
-                    metric.add_sample(sample, labels, math.fsum(v for _, v in values) + (retired or 0.0))
-                elif values:
-                    if name in FD_PAIR and fd_source is not None:
-                        chosen = [v for s, v in values if s == fd_source] or [v for _, v in values]
-                        metric.add_sample(sample, labels, chosen[0])
-                    else:
-                        metric.add_sample(sample, labels, _combine(GAUGES.get(name, "sum"), [v for _, v in values]))
+                    if not _monotonic(kind, sample):
+                        into.setdefault((sample, _key(labels)), []).append((source, _value(value)))
+        counts = {source: c for source, c in self._counts.items() if source in self._live}
+        for name, family in self._families.items():
+            metric = Metric(name, family.documentation, family.kind, family.unit)
+            seen = gauges.get(name, {})
+            live_counts = {source: c.of(name) for source, c in counts.items()}
+            for key, labels in family.order.items():
+                if _monotonic(family.kind, key[0]):
+                    self._add_count(metric, name, family.rule, key, labels, live_counts)
+                else:
+                    self._add_gauge(metric, name, family.rule, key, labels, seen.get(key, []))
             if metric.samples:
                 yield metric
 
-    @staticmethod
-    def _fd_source(collected: Mapping[str, Mapping[tuple[str, Labels], list[tuple[str, float]]]]) -> str | None:
-        opened = {s: v for values in collected.get(FD_PAIR[0], {}).values() for s, v in values}
-        limits = {s: v for values in collected.get(FD_PAIR[1], {}).values() for s, v in values}
-        ratios = {s: opened[s] / limits[s] for s in opened if limits.get(s)}
-        return max(ratios, key=lambda s: ratios[s]) if ratios else None
+    def _add_count(self, metric: Metric, name: str, rule: Merge, key: Sample, labels: dict[str, str],
+                   live: Mapping[str, Mapping[Sample, float]]) -> None:
+        sample = key[0]
+        if rule is Merge.ONCE:
+            voice = self._voices.get(name)
+            if voice is not None and key in voice.counted:
+                metric.add_sample(sample, labels, voice.counted[key])
+            return
+        retired = self._retired.get((name, key), {})
+        if rule is Merge.WORKER:
+            per = dict(retired)
+            for source, values in live.items():
+                if key in values:
+                    worker = self._workers[source]
+                    per[worker] = per.get(worker, 0.0) + values[key]
+            for worker in sorted(per):
+                metric.add_sample(sample, {**labels, WORKER_LABEL: worker}, per[worker])
+            return
+        counted = [v[key] for v in live.values() if key in v]
+        if counted or retired:
+            metric.add_sample(sample, labels, math.fsum([*counted, *retired.values()]))
+
+    def _add_gauge(self, metric: Metric, name: str, rule: Merge, key: Sample, labels: dict[str, str],
+                   values: list[tuple[str, float]]) -> None:
+        if not values:
+            return
+        if rule is Merge.ONCE:
+            voice = self._voices.get(name)
+            chosen = [v for s, v in values if voice is not None and s == voice.source]
+            if chosen:
+                metric.add_sample(key[0], labels, chosen[0])
+        elif rule is Merge.WORKER:
+            per = {self._workers[s]: v for s, v in values}
+            for worker in sorted(per):
+                metric.add_sample(key[0], {**labels, WORKER_LABEL: worker}, per[worker])
+        else:
+            metric.add_sample(key[0], labels, _combine(rule, [v for _, v in values]))
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """The merged page, encoded as `accept` asks (text 0.0.4 or OpenMetrics)."""

@@ -1,6 +1,7 @@
 """Backend discovery: pools of backends found in DNS or Kubernetes, followed while the gateway runs.
 
-Imports nothing of the gateway but its JSON codec, its retry rule (`gateway.retrying`) and
+Imports nothing of the gateway but its JSON codec, its retry rule (`gateway.retrying`), its metrics'
+merge rules (`gateway.merge_rules`) and
 `backends.base.Runtime`; the composition root wires it to the pool through `gateway.state.membership`. The pieces:
 
 - config.py: the `discovery:` config entries (mounted as `Settings.discovery`).

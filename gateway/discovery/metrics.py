@@ -11,11 +11,21 @@
   Steadily above zero: the name server answers with subsets of the records.
 
 `source` is the discovery entry's name: a config name, so the label set is bounded.
+
+Under `--workers N` every worker follows every source itself, so each answer, change and error is
+observed by every worker: these families merge `once` (`gateway.merge_rules`): the oldest worker's
+counts are the gateway's, continued by the next oldest when it goes, so one endpoint joining counts
+once, not once per worker.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from ..merge_rules import Merge, declare
+
+declare(Merge.ONCE, "gateway_discovery_resolutions_total", "gateway_discovery_changes_total",
+        "gateway_discovery_errors_total", "gateway_discovery_endpoints", "gateway_discovery_endpoints_missing")
 
 
 class DiscoveryMetrics:
@@ -46,9 +56,14 @@ class DiscoveryMetrics:
             ["source"],
             registry=registry,
         )
+        self._declared: set[str] = set()
 
     def declare(self, source: str) -> None:
-        """Create the source's series at zero, so that they exist before its first answer."""
+        """Create the source's series at zero, so that they exist before its first answer (a source
+        that starts again, after a reload changed it, keeps its series and its endpoint count)."""
+        if source in self._declared:
+            return
+        self._declared.add(source)
         self._resolutions.labels(source)
         self._errors.labels(source)
         self._changes.labels(source, "added")

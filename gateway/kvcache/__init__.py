@@ -11,8 +11,8 @@ replays, `trtllm_source`: trtllm-serve pollers); `relay` is the supervisor's sha
 `collector` exposes their state to Prometheus. All but `intake`, its sources and `relay` are pure
 (time comes in as arguments or an injected clock).
 
-May import: `routing` (its values), `settings`, `tasks`, `retrying`. Imported by `app` (wiring), `admin` and `cluster`
-(the hub's relay).
+May import: `routing` (its values), `settings`, `tasks`, `retrying`, `merge_rules`. Imported by `app` (wiring),
+`admin` and `cluster` (the hub's relay).
 """
 
 from .cache import BackendCache, State

@@ -1,13 +1,48 @@
-"""The KV-event caches' state for Prometheus, read when it scrapes (nothing on the request path)."""
+"""The KV-event caches' state for Prometheus, read when it scrapes (nothing on the request path).
+
+A backend's cache is made anew when a reload changes how its events are heard, or when the backend
+leaves the config and comes back (`intake.reconcile`); its counters here continue from what the
+earlier caches of the same backend had counted, so they never go backwards.
+
+Under `--workers N` (`gateway.merge_rules`) every worker keeps its own index of the same engine's
+cache: the index is live for the gateway only where it is live in every worker (`min`), blocks and
+batch age are one engine's (`max`: the stalest worker shows), every worker receives the engine's
+batches (`once`), and each worker's index is reset on its own (`sum`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..merge_rules import Merge, declare
+from .cache import Stats
 from .registry import KvCaches
+
+declare(Merge.MIN, "gateway_kv_events_live")
+declare(Merge.MAX, "gateway_kv_events_last_batch_age_seconds", "gateway_kv_index_blocks", "gateway_kv_events_silent")
+declare(Merge.ONCE, "gateway_kv_events_batches")
+declare(Merge.SUM, "gateway_kv_index_resets")
+
+
+@dataclass
+class _Counted:
+    """One backend's counters: the cache's `stats` read now, plus what its earlier caches counted."""
+
+    stats: Stats
+    batches: int = 0
+    resets: dict[str, int] = field(default_factory=dict)
+
+    def follow(self, stats: Stats) -> None:
+        if stats is self.stats:
+            return
+        self.batches += self.stats.batches
+        for reason, n in self.stats.resets.items():
+            self.resets[reason] = self.resets.get(reason, 0) + n
+        self.stats = stats
 
 
 class KvCollector:
@@ -15,6 +50,7 @@ class KvCollector:
 
     def __init__(self, caches: KvCaches) -> None:
         self._caches = caches
+        self._counted: dict[str, _Counted] = {}
 
     def describe(self) -> list[Any]:
         return []
@@ -41,12 +77,17 @@ class KvCollector:
             "(cleared, restart, gap, joined late, silent, intake failed).", labels=["backend", "reason"])
         for cache in self._caches:
             lv = [cache.name]
+            counted = self._counted.get(cache.name)
+            if counted is None:
+                counted = self._counted[cache.name] = _Counted(cache.stats)
+            counted.follow(cache.stats)
             live.add_metric(lv, 1.0 if cache.live else 0.0)
             silent.add_metric(lv, 1.0 if cache.silent else 0.0)
             if cache.last_batch_at is not None:
                 age.add_metric(lv, max(now - cache.last_batch_at, 0.0))
             blocks.add_metric(lv, float(sum(len(r.index) for r in cache.ranks.values())))
-            batches.add_metric(lv, float(cache.stats.batches))
-            for reason, n in sorted(cache.stats.resets.items()):
+            batches.add_metric(lv, float(counted.batches + cache.stats.batches))
+            for reason in sorted({*counted.resets, *cache.stats.resets}):
+                n = counted.resets.get(reason, 0) + cache.stats.resets.get(reason, 0)
                 resets.add_metric([cache.name, reason], float(n))
         yield from (live, silent, age, blocks, batches, resets)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from ..merge_rules import Merge, declare
 from .lockfree import CounterChild, FastCounter, FastHistogram, HistogramChild
 from .metrics import TTFT_BUCKETS
 from .outcome import ITL_BUCKETS, Outcome
@@ -51,6 +52,7 @@ class ArmMetrics:
             ITL_BUCKETS,
         )
         for family in (self.responses, self.tokens, self.ttft, self.itl):
+            declare(Merge.SUM, family.name)  # each worker counts the requests it served
             registry.register(family)
         self._series: dict[tuple[str, str], _ArmSeries] = {}
 

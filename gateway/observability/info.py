@@ -15,6 +15,10 @@ from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
+from ..merge_rules import Merge, declare
+
+declare(Merge.MAX, "gateway_backend_usd_per_hour")  # the config's, the same in every worker
+
 
 class PricedBackend(Protocol):
     """What the collector reads of a configured backend (`settings.Backend` has these)."""

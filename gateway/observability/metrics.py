@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from backends.base import Usage
 
+from ..merge_rules import Merge, declare
 from ..state.pool import Pool
 from .lockfree import CounterChild, FastCounter, FastHistogram, HistogramChild
 from .outcome import ITL_BUCKETS, NONE, Outcome
@@ -71,13 +72,16 @@ class Recorder:
         self._clock = clock
         self.observers = tuple(observers)
         base = ("backend", "runtime", "model")
+        # Every family here counts what this process served: under `--workers N` they add up.
         def histogram(name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> FastHistogram:
             h = FastHistogram(name, doc, labels, buckets)
+            declare(Merge.SUM, name)
             registry.register(h)
             return h
 
         def counter(name: str, doc: str, labels: Sequence[str]) -> FastCounter:
             c = FastCounter(name, doc, labels)
+            declare(Merge.SUM, name)
             registry.register(c)
             return c
 
@@ -256,6 +260,15 @@ class Recorder:
         if usage is not None:
             self.shadow_tokens.labels(model, arm, "prompt").inc(usage.prompt_tokens)
             self.shadow_tokens.labels(model, arm, "completion").inc(usage.completion_tokens)
+
+
+# Under `--workers N`: a backend is up where every worker routes to it (each ejects outliers on its
+# own); in-flight requests are each worker's own; the engine's load comes from the supervisor's one
+# probe, the same for every worker.
+declare(Merge.MIN, "gateway_backend_up")
+declare(Merge.SUM, "gateway_backend_in_flight")
+declare(Merge.MAX, "gateway_backend_engine_running", "gateway_backend_engine_waiting",
+        "gateway_backend_engine_kv_cache_usage_ratio", "gateway_backend_engine_prefix_cache_hit_ratio")
 
 
 class _PoolCollector:

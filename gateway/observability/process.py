@@ -11,9 +11,9 @@
 - `gateway_build_info{version, build}` = 1: the package version, and `native` when the request path
   runs compiled (mypyc) or `pure` when it runs the Python sources.
 
-All of it is per process: with several workers each reports its own, and whatever merges worker
-scrapes must sum CPU, memory, connections and the lag histogram, and keep the descriptor ratio per
-worker (the limit is per process).
+All of it is per process: with several workers each reports its own, and the merge rules declared
+below (`gateway.merge_rules`) sum CPU, memory, connections and the lag histogram, keep the oldest
+start time and the one build, and keep the descriptor pair per worker (the limit is per process).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import build_check
+from ..merge_rules import Merge, declare
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DISTRIBUTION = "moe-inference-gateway"
@@ -132,6 +133,13 @@ class BuildInfo:
         )
         family.add_metric([self.version, self.build], 1.0)
         yield family
+
+
+declare(Merge.SUM, "gateway_event_loop_lag_seconds", "gateway_open_connections", "process_cpu_seconds_total",
+        "process_resident_memory_bytes", "process_virtual_memory_bytes")
+declare(Merge.MIN, "process_start_time_seconds")
+declare(Merge.MAX, "gateway_build_info")  # every worker runs the one build
+declare(Merge.WORKER, "process_open_fds", "process_max_fds")
 
 
 class SelfHealth:

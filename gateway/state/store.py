@@ -33,6 +33,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from ..merge_rules import Merge, declare
 from ..settings import State
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,12 @@ class Store:
             await asyncio.sleep(delay)
             if not await self._ping():
                 delay = min(delay * 2, BACKOFF_S[1])
+
+
+# Under `--workers N` (`gateway.merge_rules`): up only where every process reaches the store;
+# fallbacks are each process's own operations.
+declare(Merge.MIN, "gateway_state_store_up")
+declare(Merge.SUM, "gateway_state_store_fallbacks_total")
 
 
 class _UpGauge:

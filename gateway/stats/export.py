@@ -18,12 +18,19 @@ What a merge guarantees:
   on whole multiples of 10 s of the shared clock, `peak`), and the spans not yet scored everywhere
   are scored again from the merged 1-s buckets.
 
+A process that stopped (a worker that crashed) leaves its last export behind: `close` finishes its
+best-throughput spans from its own buckets (nothing more will come), and a merge counts a closed
+export in the groups the serving processes have, without holding back where their scoring stands,
+until it is older than `KEEP_S` (`expired`): then nothing of it is in any window any more.
+
 Only completed seconds and minutes travel (the comparison never reads the current one). Buckets are
 indexed by the seconds of the exporting process's clock. Every gateway process runs on
 the same clock (`cluster.clock.gateway_clock`: monotonic, anchored to the Unix epoch at start), so
 the workers of a host agree to the microsecond and replicas to their hosts' NTP offset. `thin` (the
 `max_samples` argument) bounds what is sent: each reservoir keeps at most that many evenly spaced
-samples and still counts everything it saw.
+samples and still counts everything it saw. A merge at `now` reads only the buckets its windows
+cover at `now` (older or newer rows of an export taken at another time are left out, so they cannot
+take the ring slot of a current one).
 """
 
 from __future__ import annotations
@@ -37,10 +44,14 @@ from typing import Any
 from ..observability.outcome import Cell, GapHistogram
 from ..observability.reservoir import Reservoir
 from .book import Group, WeightsFn
+from .peak import PEAK_HORIZON_S, PEAK_SPAN_S
 from .views import BookView
-from .window import COARSE_BUCKETS, COARSE_S, FINE_BUCKETS, Bucket, Ring, Series
+from .window import COARSE_BUCKETS, COARSE_CAPS, COARSE_S, FINE_BUCKETS, Bucket, Ring, Series
 
 VERSION = 2
+# how long a closed export still counts: the longest window (and the best-throughput horizon), plus
+# the minute a window's first bucket may begin before it
+KEEP_S = max(COARSE_BUCKETS * COARSE_S, PEAK_HORIZON_S) + COARSE_S
 _COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "sla_met", "sla_missed")
 _SAMPLES = ("ttft", "tpot", "e2e")
 
@@ -48,11 +59,11 @@ Export = dict[str, Any]
 
 
 def _reservoir(r: Reservoir, max_samples: int | None) -> list[Any]:
-    values = r.values.tolist()
-    n = len(values)
+    kept = r.values
+    n = len(kept)
     if max_samples is not None and n > max_samples:
-        values = [values[(i * n) // max_samples] for i in range(max_samples)]
-    return [r.seen, values]
+        return [r.seen, [kept[(i * n) // max_samples] for i in range(max_samples)]]
+    return [r.seen, kept.tolist()]
 
 
 def _gaps(h: GapHistogram) -> list[Any]:
@@ -95,6 +106,44 @@ def export_book(book: BookView, now: float, *, max_samples: int | None = None) -
     }
 
 
+def close(export: Export) -> Export:
+    """`export` of a process that has stopped, for keeping (nothing more will come): each group's
+    minute that was under way gets its 1-minute bucket, from its 1-s buckets (an export carries only
+    completed minutes), and its best-throughput spans are scored up to its last second from its 1-s
+    buckets, so that merging it never holds back where the serving processes' scoring stands."""
+    if export.get("version") != VERSION or export.get("closed"):
+        return export
+    rng = random.Random(0)
+    last = -(-int(export["now"]) // PEAK_SPAN_S) * PEAK_SPAN_S  # the end of the span of its last second
+    minute = int(export["now"]) // COARSE_S
+    groups = []
+    for g in export["groups"]:
+        coarse = list(g["coarse"])
+        under_way = [row for row in g["fine"] if int(row[0]) // COARSE_S == minute]
+        if under_way and all(int(row[0]) != minute for row in coarse):
+            b = Bucket(minute, COARSE_CAPS)
+            _fill_bucket(b, under_way, rng)
+            coarse.append(_bucket(b, None))
+        next_end, spans = g["peak"]
+        by_end: dict[int, float] = {}
+        for row in g["fine"]:
+            end = (int(row[0]) // PEAK_SPAN_S + 1) * PEAK_SPAN_S
+            by_end[end] = by_end.get(end, 0.0) + float(row[len(_COUNTS) + 1])
+        scored = [list(span) for span in spans]
+        end = int(next_end)
+        while end <= last:
+            if by_end.get(end, 0.0) > 0:
+                scored.append([end, by_end[end] / PEAK_SPAN_S])
+            end += PEAK_SPAN_S
+        groups.append({**g, "coarse": coarse, "peak": [end, scored]})
+    return {**export, "groups": groups, "closed": True}
+
+
+def expired(export: Export, now: float) -> bool:
+    """Whether nothing of `export` (taken at its `now`) is in any window at `now`."""
+    return now - float(export["now"]) > KEEP_S
+
+
 @dataclass
 class _Parts:
     """One merged group's sources, gathered before anything is built."""
@@ -107,7 +156,7 @@ class _Parts:
     start_s: int | None = None
     fine: dict[int, list[list[Any]]] = field(default_factory=dict)
     coarse: dict[int, list[list[Any]]] = field(default_factory=dict)
-    peaks: list[tuple[int, list[list[float]]]] = field(default_factory=list)
+    peaks: list[tuple[int, list[list[float]], bool]] = field(default_factory=list)  # (next end, spans, closed)
 
 
 def _merged_reservoir(parts: Sequence[list[Any]], rng: random.Random) -> Reservoir:
@@ -135,26 +184,34 @@ def _merged_gaps(parts: Sequence[list[Any]]) -> GapHistogram:
     return merged
 
 
-def _fill(ring: Ring, rows: Mapping[int, list[list[Any]]], rng: random.Random) -> None:
+def _fill_bucket(b: Bucket, sources: Sequence[list[Any]], rng: random.Random) -> None:
+    for i, name in enumerate(_COUNTS, start=1):
+        setattr(b, name, sum(int(row[i]) for row in sources))
+    b.output_tokens = sum(float(row[len(_COUNTS) + 1]) for row in sources)
+    for j, name in enumerate(_SAMPLES, start=len(_COUNTS) + 2):
+        setattr(b, name, _merged_reservoir([row[j] for row in sources], rng))
+    b.itl = _merged_gaps([row[len(_COUNTS) + 2 + len(_SAMPLES)] for row in sources])
+
+
+def _fill(ring: Ring, rows: Mapping[int, list[list[Any]]], readable: range, rng: random.Random) -> None:
     for index, sources in rows.items():
-        b = ring.at(index)
-        for i, name in enumerate(_COUNTS, start=1):
-            setattr(b, name, sum(int(row[i]) for row in sources))
-        b.output_tokens = sum(float(row[len(_COUNTS) + 1]) for row in sources)
-        for j, name in enumerate(_SAMPLES, start=len(_COUNTS) + 2):
-            setattr(b, name, _merged_reservoir([row[j] for row in sources], rng))
-        b.itl = _merged_gaps([row[len(_COUNTS) + 2 + len(_SAMPLES)] for row in sources])
+        if index in readable:
+            _fill_bucket(ring.at(index), sources, rng)
 
 
 def _series(p: _Parts, now: float, rng: random.Random) -> Series:
     start_s = p.start_s if p.start_s is not None else int(now)
     series = Series(float(start_s), rng)
-    _fill(series.fine, p.fine, rng)
-    _fill(series.coarse, p.coarse, rng)
+    cur = int(now)  # what the windows read at `now` (`window.Series.view`)
+    _fill(series.fine, p.fine, range(cur - FINE_BUCKETS, cur), rng)
+    _fill(series.coarse, p.coarse, range(cur // COARSE_S - COARSE_BUCKETS, cur // COARSE_S), rng)
     if p.peaks:
-        next_end = min(n for n, _ in p.peaks)
+        # where scoring goes on: the serving exports' earliest; a closed export has scored every span
+        # it will ever have (`close`), so with none serving, every span any of them scored counts
+        serving = [n for n, _, closed in p.peaks if not closed]
+        next_end = min(serving) if serving else max(n for n, _, _ in p.peaks)
         sums: dict[int, float] = {}
-        for _, spans in p.peaks:
+        for _, spans, _ in p.peaks:
             for end, tps in spans:
                 if end < next_end:  # later spans are scored again, from the merged buckets
                     sums[int(end)] = sums.get(int(end), 0.0) + float(tps)
@@ -185,16 +242,19 @@ class MergedBook:
 
 def merge(exports: Iterable[Export], *, now: float, seed: int = 0) -> MergedBook:
     """One book from several exports taken at about `now` (a group is identified by its kind, name
-    and route; the first export that names a price or an arm weight wins)."""
+    and route; the first export that names a price or an arm weight wins, a serving one before a
+    closed one). A closed export (`close`) counts only in the groups that a serving export has (when
+    there is one): a backend or arm that has left the config does not come back with it."""
     rng = random.Random(seed)
     parts: dict[tuple[str, str, str | None], _Parts] = {}
     prices: dict[str, float | None] = {}
     weights: dict[str, dict[str, float]] = {}
     started: list[float] = []
     count = 0
-    for doc in exports:
-        if doc.get("version") != VERSION:
-            continue
+    docs = [doc for doc in exports if doc.get("version") == VERSION]
+    serving = [doc for doc in docs if not doc.get("closed")]
+    for doc in [*serving, *(doc for doc in docs if doc.get("closed"))]:
+        closed = bool(doc.get("closed"))
         count += 1
         started.append(float(doc["started_at"]))
         for name, price in doc["prices"].items():
@@ -205,6 +265,8 @@ def merge(exports: Iterable[Export], *, now: float, seed: int = 0) -> MergedBook
             key = (g["kind"], g["name"], g["route"])
             p = parts.get(key)
             if p is None:
+                if closed and serving:
+                    continue
                 p = parts[key] = _Parts(g["kind"], g["name"], g["route"], g["runtime"])
             p.backends.update(dict.fromkeys(g["backends"]))
             p.start_s = int(g["start_s"]) if p.start_s is None else min(p.start_s, int(g["start_s"]))
@@ -213,7 +275,7 @@ def merge(exports: Iterable[Export], *, now: float, seed: int = 0) -> MergedBook
             for row in g["coarse"]:
                 p.coarse.setdefault(int(row[0]), []).append(row)
             next_end, spans = g["peak"]
-            p.peaks.append((int(next_end), spans))
+            p.peaks.append((int(next_end), spans, closed))
     groups = {key: Group(p.kind, p.name, tuple(p.backends), p.runtime, p.route, _series(p, now, rng))
               for key, p in parts.items()}
     total = next((g for g in groups.values() if g.kind == "total"), None)
@@ -231,4 +293,4 @@ def merge(exports: Iterable[Export], *, now: float, seed: int = 0) -> MergedBook
     )
 
 
-__all__ = ["VERSION", "Export", "MergedBook", "export_book", "merge"]
+__all__ = ["KEEP_S", "VERSION", "Export", "MergedBook", "close", "expired", "export_book", "merge"]

@@ -7,10 +7,16 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
+from ..merge_rules import Merge, declare
 from .book import StatsBook
 from .figures import figures
 
 LIVE_WINDOW_S = 60
+
+# Under `--workers N`, each worker's throughput is its share; the cost of the whole gateway's is
+# recomputed from the workers' (1/c = sum of 1/c_i: c_i = price / throughput_i).
+declare(Merge.SUM, "gateway_backend_output_tokens_per_second")
+declare(Merge.HARMONIC, "gateway_backend_cost_per_million_tokens_usd")
 
 
 class LiveCollector:

@@ -128,7 +128,7 @@ def test_confirmations_are_suspects_until_an_event_names_them() -> None:
 
 # --- property: binary search equals the linear walk, and orphans are counted right ---------------
 
-TOKENS = list(range(5000, 5000 + 16 * 12))
+TOKENS = list(range(5000, 5000 + 16 * 12 + 1))  # 12 blocks, and the last prompt token (never cached)
 ENGINE = vllm_hashes(TOKENS, 16)
 PAGES = list(range(7000, 7000 + 80))
 PAGE_HASHES = sglang_hashes(PAGES, 1)

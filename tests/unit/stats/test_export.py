@@ -8,9 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.settings import parse_settings
 from gateway.stats.book import StatsBook
 from gateway.stats.compare import Comparer
-from gateway.stats.export import export_book, merge
+from gateway.stats.export import KEEP_S, close, expired, export_book, merge
 from gateway.stats.figures import figures
 from gateway.stats.peak import PEAK_LAG_S
 
@@ -116,3 +117,64 @@ def test_an_export_of_another_version_is_ignored() -> None:
     good = roundtrip(fed(traffic(3, 0.0, 50.0)), 50.0)
     merged = merge([{**good, "version": 999}, good], now=50.0)
     assert merged.sources == 1
+
+
+def test_a_dead_workers_closed_export_keeps_its_share_of_every_window_and_of_the_best_throughput() -> None:
+    """Worker b served until 600 s and died; its last export (at 600.5) stays in the merge, closed:
+    every window and the best-throughput spans read as one process that saw both workers' traffic."""
+    a_traffic = [outcome("v1", i + 0.75, completion=100, generation=0.5) for i in range(900)]
+    b_traffic = [outcome("v1", i + 0.25, completion=100, generation=0.2) for i in range(600)]
+    now = 900.0 + PEAK_LAG_S
+    a, b, whole = fed(a_traffic), fed(b_traffic), fed(sorted(a_traffic + b_traffic, key=lambda o: o.finished_at))
+    for book in (a, whole):
+        book.advance(now)
+    b.advance(600.5)
+    kept = close(roundtrip(b, 600.5))
+    assert kept["closed"]
+    merged = merge([kept, roundtrip(a, now)], now=now)
+    for window in (60, 300, 3600):
+        one = figures(whole, whole.backends["v1"], now, window)
+        two = figures(merged, merged.backends["v1"], now, window)
+        assert (two["requests"], two["output_tokens"]) == (one["requests"], one["output_tokens"]), window
+    assert figures(merged, merged.total, now, 3600)["requests"] == 1500
+    spans, whole_spans = merged.backends["v1"].series.peak.state()[1], whole.backends["v1"].series.peak.state()[1]
+    assert [e for e, _ in spans] == [e for e, _ in whole_spans]
+    assert [tps for _, tps in spans] == pytest.approx([tps for _, tps in whole_spans])
+    assert merged.backends["v1"].series.peak_output_tps == pytest.approx(200.0)
+
+
+def test_rows_an_older_export_holds_do_not_take_the_slots_of_current_ones() -> None:
+    """An export taken 2 s before the merge (a replica's, a retired worker's) holds 1-s rows that the
+    merge's windows no longer cover; they must not land in the ring slots of the newest seconds."""
+    everything = traffic(4, 0.0, 400.0)
+    fresh, older = everything[0::2], [o for o in everything[1::2] if o.finished_at < 398.0]
+    now = 400.0
+    whole = fed(sorted(fresh + older, key=lambda o: o.finished_at))
+    merged = merge([roundtrip(fed(fresh), now), roundtrip(fed(older), 398.0)], now=now)
+    for window in (60, 300):
+        one, two = figures(whole, whole.total, now, window), figures(merged, merged.total, now, window)
+        assert (two["requests"], two["prompt_tokens"]) == (one["requests"], one["prompt_tokens"]), window
+
+
+def test_a_closed_export_counts_only_in_groups_a_serving_export_has() -> None:
+    """A backend the config no longer has (a worker retired before the reload that removed it) does
+    not come back in the comparison with the retired worker's windows."""
+    config = settings().model_dump(mode="json", exclude_none=True)
+    config["backends"].append({**config["backends"][0], "name": "gone"})
+    config["routes"][0]["backends"].append("gone")
+    before = StatsBook(parse_settings(config), started_at=0.0)
+    before.record(outcome("gone", 10.5))
+    before.record(outcome("v1", 11.5))
+    kept = close(roundtrip(before, 20.0))
+    merged = merge([kept, roundtrip(fed([outcome("v1", 12.5)]), 20.0)], now=20.0)
+    assert set(merged.backends) == {"v1", "v2", "s1", "t1"}
+    assert figures(merged, merged.backends["v1"], 20.0, 60)["requests"] == 2
+    alone = merge([kept], now=20.0)  # with nothing serving, all of it
+    assert figures(alone, alone.backends["gone"], 20.0, 60)["requests"] == 1
+
+
+def test_an_export_ages_out_once_no_window_covers_it() -> None:
+    exported = roundtrip(fed(traffic(5, 0.0, 30.0)), 30.0)
+    assert not expired(exported, 30.0 + KEEP_S)
+    assert expired(exported, 30.0 + KEEP_S + 1)
+    assert KEEP_S >= 3600 + 60  # the longest window, and the minute its first bucket may begin before it
