@@ -6,8 +6,9 @@ worker's private channel (`channel`, on a Unix socket in a 0700 directory):
 
 - **one probe loop**: the hub runs the only `HealthPoller` of the gateway and sends every worker
   each round's results (`state.health_feed`); workers probe nothing themselves;
-- **one set of rate-limit buckets**: workers ask the hub to admit a keyed request and tell it what
-  to charge (with a store, the fleet's buckets in Redis come first, `access.shared_limits`);
+- **one set of rate-limit buckets**: workers hold leases on them, settled in the background, never
+  asked on a request (`hub_limits`; with a store, the fleet's buckets in Redis come first,
+  `access.shared_limits`);
 - **admin writes before the reply**: a weight change or a reload, wherever it arrived (or SIGHUP to
   the supervisor), is applied by every worker before the hub answers; weights changed at run time
   are remembered and given to a worker that (re)starts, and with a store they are shared with every
@@ -43,7 +44,6 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from ..access.ratelimit import KeyLimiter, Limits
 from ..access.secrets import resolve_secrets
 from ..kvcache.intake import backend_headers
 from ..kvcache.relay import KvRelay
@@ -59,6 +59,7 @@ from ..tasks import cancel_all
 from .channel import Channel, Handler
 from .clock import gateway_clock
 from .fleet import FleetStats, replica_row
+from .hub_limits import HostLimits
 from .overrides import SharedWeights, fingerprints
 from .scrape import ScrapeMerger, dump
 
@@ -103,7 +104,7 @@ class Hub:
                                 registry=self.registry)
         self.registry.register(_WorkersGauge(self))
         self.merger = ScrapeMerger()
-        self.limiter = KeyLimiter(clock)
+        self.limits = HostLimits(clock)
         self.workers: dict[int, WorkerConn] = {}
         self.expected_workers = 0
         self.generation = 1
@@ -222,7 +223,7 @@ class Hub:
             return self._state()
 
         handlers: dict[str, Handler] = {
-            "hello": hello, "state": lambda _: self._state(), "admit": self._admit, "charge": self._charge,
+            "hello": hello, "state": lambda _: self._state(), "settle": self.limits.settle,
             "metrics": self._metrics, "compare": self._compare, "weights": self._weights, "reload": self._reload_call,
             "workers": self._workers_doc,
         }
@@ -251,18 +252,6 @@ class Hub:
         answers = await asyncio.gather(*(c.channel.call(method, body, timeout_s=timeout_s) for c in conns),
                                        return_exceptions=True)
         return [(c, a) for c, a in zip(conns, answers, strict=True)]
-
-    # -- limits -------------------------------------------------------------------------------------
-
-    def _admit(self, body: list[Any]) -> list[Any]:
-        key_id, rpm, tpm = body
-        key = Limits(str(key_id), int(rpm) or None, int(tpm) or None)
-        got = self.limiter.admit(key)
-        return [None if got is None else [got[0], got[1]], self.limiter.levels(key)]
-
-    def _charge(self, body: list[Any]) -> None:
-        key_id, rpm, tpm, tokens = body
-        self.limiter.charge(Limits(str(key_id), int(rpm) or None, int(tpm) or None), int(tokens))
 
     # -- metrics ------------------------------------------------------------------------------------
 

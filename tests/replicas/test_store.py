@@ -1,5 +1,5 @@
-"""The store's parts against a real Redis: atomic shared buckets, newest-wins weights, the fleet's
-window data with a time to live, and the fallback to local state."""
+"""The store's parts against a real Redis: atomic shared buckets leased to replicas, versioned
+weights, the fleet's window data with a time to live, and the fallback to local state."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.access.ratelimit import KeyLimiter, Limits, LocalLimiter
-from gateway.access.shared_limits import RedisLimiter
+from gateway.access.leased import LeasedLimiter
+from gateway.access.ratelimit import KeyLimiter, Limiter, Limits, LocalLimiter
+from gateway.access.shared_limits import RedisSource
 from gateway.cluster.fleet import FleetStats
 from gateway.cluster.overrides import Override, SharedWeights
 from gateway.settings import State
@@ -39,8 +40,26 @@ def local() -> LocalLimiter:
     return LocalLimiter(KeyLimiter(time.monotonic))
 
 
+OPENED: list[LeasedLimiter] = []
+
+
+def leased(store: Store, fallback: Limiter | None = None, name: str = "test") -> LeasedLimiter:
+    limiter = LeasedLimiter(RedisSource(store, holder=f"{name}-{id(store)}"), fallback or local(),
+                            clock=time.monotonic, patience_s=store.config.timeout_s,
+                            fell_back=lambda: store.fell_back("limits"))
+    OPENED.append(limiter)
+    return limiter
+
+
+@pytest.fixture(autouse=True)
+async def _close_limiters() -> AsyncIterator[None]:
+    yield
+    while OPENED:
+        await OPENED.pop().close()
+
+
 async def test_the_burst_is_the_per_minute_figure_and_then_it_says_when(stores: list[Store]) -> None:
-    limiter = RedisLimiter(stores[0], local())
+    limiter = leased(stores[0])
     key = Limits("burst", 30, None)
     results = [await limiter.admit(key) for _ in range(31)]
     assert [r.refused for r in results[:30]] == [None] * 30
@@ -50,7 +69,7 @@ async def test_the_burst_is_the_per_minute_figure_and_then_it_says_when(stores: 
 
 async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]) -> None:
     """200 admissions at once from four replicas against a burst of 50: the script runs alone."""
-    limiters = [RedisLimiter(s, local()) for s in stores]
+    limiters = [leased(s) for s in stores]
     key = Limits("race", 50, None)
     started = time.monotonic()
     results = await asyncio.gather(*(limiters[i % 4].admit(key) for i in range(200)))
@@ -60,7 +79,7 @@ async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]
 
 
 async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) -> None:
-    a, b = RedisLimiter(stores[0], local()), RedisLimiter(stores[1], local())
+    a, b = leased(stores[0]), leased(stores[1])
     key = Limits("tokens", None, 600)
     assert (await a.admit(key)).refused is None
     a.charge(key, 1800)  # a big answer: 3 minutes' worth
@@ -73,19 +92,25 @@ async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) ->
     assert 115 <= wait <= 121  # 1,200 tokens below zero at 10 a second
 
 
-async def test_a_changed_limit_starts_a_full_bucket(stores: list[Store]) -> None:
-    limiter = RedisLimiter(stores[0], local())
+async def test_a_changed_limit_rescales_the_stored_bucket(stores: list[Store]) -> None:
+    """Replicas that disagree on a key's limit (a rolling deploy) share one bucket: it is rescaled to
+    the same fraction full, never read as full."""
+    five, six = leased(stores[0], name="five"), leased(stores[1], name="six")
     for _ in range(5):
-        assert (await limiter.admit(Limits("changed", 5, None))).refused is None
-    assert (await limiter.admit(Limits("changed", 5, None))).refused is not None
-    assert (await limiter.admit(Limits("changed", 10, None))).refused is None  # a reload raised the limit
+        assert (await five.admit(Limits("changed", 5, None))).refused is None
+    refused = [(await (six if i % 2 else five).admit(Limits("changed", 6 if i % 2 else 5, None))).refused
+               for i in range(10)]
+    assert None not in refused  # the spent bucket stays spent at either limit
+    doubled = await five.admit(Limits("changed", 10, None))  # a reload raised the limit: still spent
+    assert doubled.refused is not None
+    assert doubled.levels["requests"] < 1
 
 
 async def test_with_the_store_down_the_fallback_decides(redis: RedisServer) -> None:
     registry = CollectorRegistry()
     store = await store_for(redis, registry)
     fallback = local()
-    limiter = RedisLimiter(store, fallback)
+    limiter = leased(store, fallback)
     try:
         key = Limits("down", 3, 100)
         assert (await limiter.admit(key)).refused is None
