@@ -13,9 +13,10 @@ refreshed.
 What the source cannot decide in time is decided here, never by waiting longer:
 - while a round has been under way for longer than `patience_s` (a stalled hub, a store about to
   time out), and for an admission that waited that long, the `stand_in` decides: a `ShareLimiter`
-  that follows every answer, starting from this holder's share of what the authority had (and the
-  units held here) and refilling at its share of the rate, so that N holders deciding on their own
-  while the authority is stalled admit about the budget, not N times it;
+  that follows every answer, starting from this holder's share of what the authority had and
+  refilling at its share of the rate, so that N holders deciding on their own while the authority
+  is stalled admit about the budget, not N times it. What it admits is owed: reported in the next
+  settle (`Ask.spent`) and taken from the bucket then, so that the budget over any minute holds;
 - while the source is down (the store marked down), `fallback` decides (the host's buckets for the
   workers of a supervisor, else this process's: limits per replica for the outage, as logged).
 """
@@ -75,14 +76,14 @@ class ShareLimiter:
             bucket.rescaled(capacity)
         return bucket
 
-    def follow(self, key: KeyLimits, grant: Grant, held: int) -> None:
+    def follow(self, key: KeyLimits, grant: Grant) -> None:
         now = self._clock()
         share = 1.0 / max(grant.holders, 1)
         self._shares[key.id] = share
         self.share_of_unknown = min(self.share_of_unknown, share)
         if key.requests_per_minute and grant.requests is not None:
             bucket = self._bucket(key.id, "requests", key.requests_per_minute, now)
-            bucket.level = min(bucket.capacity, max(grant.requests, 0.0) * share + held)
+            bucket.level = min(bucket.capacity, grant.requests * share)
         if key.tokens_per_minute and grant.tokens is not None:
             bucket = self._bucket(key.id, "tokens", key.tokens_per_minute, now)
             bucket.level = min(bucket.capacity, grant.tokens * share)
@@ -119,7 +120,7 @@ class LeasedLimiter:
         fell_back: Callable[[], None] | None = None,
     ) -> None:
         """`fallback`: while the source is down (default: the stand-in); `fell_back()` is called for
-        every decision made without the source."""
+        every decision it makes (the stand-in's are this holder's own, from its lease: not counted)."""
         self._source = source
         self.stand_in = ShareLimiter(clock)
         self.fallback: Limiter = fallback if fallback is not None else self.stand_in
@@ -182,9 +183,14 @@ class LeasedLimiter:
                 return await self._fall_back(key, self.stand_in if self._source.available() else self.fallback)
 
     async def _fall_back(self, key: KeyLimits, limiter: Limiter) -> Decision:
-        if self._fell_back is not None:
-            self._fell_back()
-        return await limiter.admit(key)
+        if limiter is not self.stand_in:
+            if self._fell_back is not None:
+                self._fell_back()
+            return await limiter.admit(key)
+        decision = await limiter.admit(key)
+        if decision.refused is None and key.requests_per_minute:
+            self._lease(key).borrowed(self._clock())
+        return decision
 
     def charge(self, key: KeyLimits, tokens: int) -> None:
         if key.tokens_per_minute is None or tokens <= 0:
@@ -251,7 +257,7 @@ class LeasedLimiter:
                     self._round_trip_s = took if not self._round_trip_s else 0.8 * self._round_trip_s + 0.2 * took
                     for (key, lease, _), grant in zip(batch, grants, strict=True):
                         lease.answered(grant, done)
-                        self.stand_in.follow(key, grant, lease.held)
+                        self.stand_in.follow(key, grant)
         finally:
             self._round_started = None
             if answered is not None and not answered.done():

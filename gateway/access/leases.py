@@ -13,8 +13,9 @@ The authority's rule (`settle`, and the same in Lua for Redis, `access.shared_li
 - a bucket stored at another capacity (replicas or workers disagreeing on a key's limit during a
   rolling deploy, an `api_keys_file` re-read on some only) is rescaled to the same fraction full,
   never refilled (`ratelimit.Bucket.rescaled` has the rule and why);
-- returned units go back (up to the capacity), charged tokens come off (the token bucket may go
-  below zero: the next requests wait until it refills);
+- returned units go back (up to the capacity); charged tokens, and request units a holder admitted
+  on its own while it could not wait for an answer (`Ask.spent`), come off: the bucket may go below
+  zero, and the next requests wait until it refills;
 - the grant is at most what was wanted, the whole units there are, and a fair share of them:
   `ceil(units / holders)`, where holders are the processes that settled this key in the last
   `HOLDER_TTL_S` seconds, so that one holder cannot take the bucket from the others.
@@ -59,14 +60,17 @@ class Ask:
     want: int = 0  # request units it would like (more) of
     returned: int = 0  # request units it gives back
     tokens: int = 0  # tokens its requests used since it last settled
+    spent: int = 0  # request units it admitted without a grant (its stand-in decided), to be taken now
 
     def encode(self) -> list[object]:
-        return [self.key, self.requests_per_minute, self.tokens_per_minute, self.want, self.returned, self.tokens]
+        return [self.key, self.requests_per_minute, self.tokens_per_minute, self.want, self.returned, self.tokens,
+                self.spent]
 
     @staticmethod
     def decode(raw: list[object]) -> Ask:
-        key, rpm, tpm, want, returned, tokens = raw
-        return Ask(str(key), int(str(rpm)), int(str(tpm)), int(str(want)), int(str(returned)), int(str(tokens)))
+        key, rpm, tpm, want, returned, tokens, spent = raw
+        return Ask(str(key), int(str(rpm)), int(str(tpm)), int(str(want)), int(str(returned)), int(str(tokens)),
+                   int(str(spent)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +132,7 @@ class Authority:
         if ask.requests_per_minute > 0:
             cap = float(ask.requests_per_minute)
             old = self._requests.get(ask.key)
-            level = min(cap, (cap if old is None else old.now(cap, now)) + ask.returned)
+            level = min(cap, (cap if old is None else old.now(cap, now)) + ask.returned) - ask.spent
             granted = grant_size(level, ask.want, holders)
             requests = level - granted
             self._requests[ask.key] = Stored(requests, now, cap)
@@ -153,6 +157,7 @@ class Lease:
     """One key at one holder: the units it holds, what it owes, and the authority's last answer."""
 
     held: int = 0
+    spent: int = 0  # request units admitted here without a grant (by the stand-in), not yet reported
     tokens_owed: int = 0
     owed_since: float = 0.0
     waiting: int = 0  # admissions waiting for the next settle
@@ -248,16 +253,24 @@ class Lease:
         shared = self.requests_now(rpm, now)
         return shared is None or shared >= 1.0
 
+    def borrowed(self, now: float) -> None:
+        """The stand-in admitted a request of this key: the authority will be told (`Ask.spent`)."""
+        if not self.spent and not self.tokens_owed:
+            self.owed_since = now
+        self.spent += 1
+        self._spent(now)
+
     def due(self, rpm: int, tpm: int, now: float, *, flush_s: float) -> bool:
         """Has something to settle in the background: charges, idle units, a stale view."""
-        if self.tokens_owed and now - self.owed_since >= flush_s:
+        if (self.tokens_owed or self.spent) and now - self.owed_since >= flush_s:
             return True
         if self.held and now - self.used_at > IDLE_RETURN_S:
             return True
         return now - self.used_at < REFRESH_S and now - self.settled_at > REFRESH_S
 
     def forgettable(self, now: float) -> bool:
-        return not self.held and not self.tokens_owed and not self.waiting and now - self.used_at > FORGET_S
+        return (not self.held and not self.spent and not self.tokens_owed and not self.waiting
+                and now - self.used_at > FORGET_S)
 
     def ask(self, key: str, rpm: int, tpm: int, now: float, round_trip_s: float) -> Ask:
         """What to send now (the held units it returns and the tokens it reports leave the lease)."""
@@ -269,8 +282,11 @@ class Lease:
             else:
                 want = max(0, self.waiting + self.target(now, round_trip_s) - self.held)
         tokens, self.tokens_owed = self.tokens_owed, 0
+        # a holder owes at most its share of one burst: beyond it, what its stand-in admitted is what
+        # the authority's own bucket could not have kept either (it stops refilling when full)
+        spent, self.spent = min(self.spent, math.ceil(rpm / max(self.holders, 1))), 0
         self.settled_at = now
-        return Ask(key, rpm, tpm, want, returned, tokens)
+        return Ask(key, rpm, tpm, want, returned, tokens, spent)
 
     def answered(self, grant: Grant, now: float) -> None:
         self.held += grant.granted
@@ -278,6 +294,7 @@ class Lease:
         self.seen_at, self.holders = now, grant.holders
 
     def unanswered(self, ask: Ask) -> None:
-        """The settle failed: the tokens are still owed (the units it returned are lost to the
-        authority for now: at worst a few units fewer, never more)."""
+        """The settle failed: the tokens and units spent are still owed (the units it returned are
+        lost to the authority for now: at worst a few units fewer, never more)."""
         self.tokens_owed += ask.tokens
+        self.spent += ask.spent

@@ -35,7 +35,8 @@ from .leases import HOLDER_TTL_S, Ask, Grant
 
 # One key's buckets: KEYS = request bucket, token bucket, the key's holders (a sorted set by the
 # millisecond each last settled); ARGV = requests/min, tokens/min (0: no limit), units wanted, units
-# returned, tokens charged, the holder's name, the holders' time to live (ms). Levels are stored with
+# returned, tokens charged, the holder's name, the holders' time to live (ms), units spent without a
+# grant. Levels are stored with
 # the millisecond they were computed at and the capacity they were computed for; a bucket that would
 # be full again expires (absent = full). The same rule as `leases.Authority.settle`.
 SETTLE = """
@@ -55,13 +56,14 @@ local function store(key, cap, lvl)
 end
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local want, returned, tokens, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
+local spent = tonumber(ARGV[8])
 redis.call('ZADD', KEYS[3], now, ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - ttl)
 redis.call('PEXPIRE', KEYS[3], ttl)
 local holders = redis.call('ZCARD', KEYS[3])
 local granted, req, tok = 0, '', ''
 if rpm > 0 then
-  local lvl = math.min(rpm, level(KEYS[1], rpm) + returned)
+  local lvl = math.min(rpm, level(KEYS[1], rpm) + returned) - spent
   local whole = math.floor(lvl)
   if want > 0 and whole >= 1 then
     granted = math.min(want, whole, math.max(1, math.ceil(whole / holders)))
@@ -111,7 +113,7 @@ class RedisSource:
     def __init__(self, store: Store, holder: str) -> None:
         self._store = store
         self.holder = holder
-        self._settle = store.client.register_script(SETTLE)  # (its sha; loaded on first NOSCRIPT)
+        self._settle = store.register_script(SETTLE)  # (its sha; loaded on first NOSCRIPT)
 
     def keys(self, key_id: str) -> list[str]:
         tag = "{" + key_id + "}"  # one hash slot per key, should the store be a Redis Cluster
@@ -124,7 +126,7 @@ class RedisSource:
         ttl_ms = int(HOLDER_TTL_S * 1000)
         calls: list[tuple[list[str], list[Any]]] = [
             (self.keys(a.key), [a.requests_per_minute, a.tokens_per_minute, a.want, a.returned, a.tokens,
-                                self.holder, ttl_ms]) for a in asks]
+                                self.holder, ttl_ms, a.spent]) for a in asks]
 
         async def op(_: Redis) -> list[Any]:
             return await evalsha_all(self._store.leases, self._settle, calls)

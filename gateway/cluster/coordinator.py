@@ -30,7 +30,8 @@ class Coordinator(Protocol):
     def weights(self, model: str) -> dict[str, float]: ...
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
-        """Apply everywhere this gateway runs; raises KeyError (not a split route) or ValueError."""
+        """Apply everywhere this gateway runs; raises KeyError (not a split route), ValueError, or
+        WeightsConflict (another replica wrote the route first: its weights are in force)."""
         ...
 
     async def reload(self) -> Reloaded:
@@ -65,9 +66,11 @@ class Local:
         return self._generations.current.proxy.weights(model)
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
-        live = self._generations.current.proxy.set_weights(model, weights)
+        proxy = self._generations.current.proxy
+        previous = proxy.weights(model)
+        live = proxy.set_weights(model, weights)
         if self.shared is not None:
-            await self.shared.put(model, live)
+            await self.shared.put(model, live, previous=previous)  # WeightsConflict: the winner is in force
         return live
 
     async def apply_shared(self, model: str, weights: dict[str, float]) -> None:

@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from ..access.secrets import resolve_secrets
+from ..errors import WeightsConflict
 from ..kvcache.intake import backend_headers
 from ..kvcache.relay import KvRelay
 from ..settings import ConfigError, Settings, load_settings
@@ -60,7 +61,7 @@ from .channel import Channel, Handler
 from .clock import gateway_clock
 from .fleet import FleetStats, replica_row
 from .hub_limits import HostLimits
-from .overrides import SharedWeights, fingerprints
+from .overrides import SharedWeights, configured_weights, fingerprints
 from .scrape import ScrapeMerger, dump
 
 log = logging.getLogger(__name__)
@@ -316,22 +317,28 @@ class Hub:
     # -- admin writes -------------------------------------------------------------------------------
 
     async def set_weights(self, model: str, weights: dict[str, float]) -> dict[str, float]:
-        """Apply on every worker (and remember for those that start later); share with the fleet."""
+        """Share with the fleet (WeightsConflict if another replica wrote first: its weights are then
+        in force on every worker), apply on every worker, remember for those that start later."""
         split = fingerprints(self.settings).get(model)
         if split is None:
             raise KeyError(model)
+        if self.shared is not None:
+            kept = self.overrides.get(model)
+            previous = kept[1] if kept is not None else configured_weights(self.settings, model)
+            await self.shared.put(model, weights, previous=previous)
         self.overrides[model] = (split, dict(weights))
         failed = [f"worker {c.slot}: {a}" for c, a in await self._each("apply_weights", [model, weights])
                   if isinstance(a, BaseException)]
         if failed:
             log.error("weights for %s not applied everywhere: %s", model, "; ".join(failed))
-        if self.shared is not None:
-            await self.shared.put(model, weights)
         return dict(weights)
 
-    async def _weights(self, body: list[Any]) -> dict[str, float]:
+    async def _weights(self, body: list[Any]) -> dict[str, Any]:
         model, weights = body
-        return await self.set_weights(str(model), {str(k): float(v) for k, v in weights.items()})
+        try:
+            return {"weights": await self.set_weights(str(model), {str(k): float(v) for k, v in weights.items()})}
+        except WeightsConflict as lost:
+            return {"conflict": lost.record, "message": lost.message}
 
     async def _apply_shared(self, model: str, weights: dict[str, float]) -> None:
         """Another replica changed a split's weights (polled from the store)."""

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from ..access.leased import LeasedLimiter, SourceDown
 from ..access.leases import Ask, Grant
+from ..errors import WeightsConflict
 from ..state.generations import Generations
 from ..state.health import Poller
 from ..state.health_feed import FollowedPoller, ProbeFeed
@@ -172,8 +173,10 @@ class Remote:
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
         live = self._generations.current.proxy.set_weights(model, weights)  # validates (404, 400) here
-        answer: dict[str, float] = await self._link.channel.call("weights", [model, live], timeout_s=30.0)
-        return answer
+        answer: dict[str, Any] = await self._link.channel.call("weights", [model, live], timeout_s=30.0)
+        if "conflict" in answer:  # (the hub has put the winner in force on every worker, this one too)
+            raise WeightsConflict(str(answer["message"]), record=answer["conflict"])
+        return {str(k): float(v) for k, v in answer["weights"].items()}
 
     async def reload(self) -> Reloaded:
         answer = await self._link.channel.call("reload", timeout_s=120.0)

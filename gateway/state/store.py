@@ -12,9 +12,9 @@ has its own bound, `state.timeout_s` (the socket's read timeout: how long its an
 opening a connection (TCP and redis-py's handshake) has another, `state.connect_timeout_s`, so a
 store far away is not refused for the round trips of its set-up. Connections are opened when the
 store comes up and pinged every `PING_EVERY_S` (warm: no command pays for a set-up), without the
-client handshake's optional round trips (`CLIENT SETINFO`, maintenance notifications). Every command's
-time is observed in `gateway_state_store_seconds{use}`; a store whose commands answer, but take more
-than half their timeout, is logged as *slow* (once per episode), not as down.
+client handshake's optional round trips (`CLIENT SETINFO`, maintenance notifications). Every
+operation's time is observed in `gateway_state_store_seconds{use}`; a store whose pings answer, but
+take more than half the command timeout, is logged as *slow* (once per episode), not as down.
 
 A command that fails or takes longer than its bound marks the store down: from then on every user
 serves on its local state (the local limiter, the last weights it knew, its own windows) without
@@ -42,6 +42,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.maint_notifications import MaintNotificationsConfig
 
 from ..retrying import Backoff, Sleep, forever
@@ -54,7 +55,7 @@ PING_EVERY_S = 1.0
 MAX_CONNECTIONS = 16  # weights, the fleet's windows and pings; leases have a connection of their own
 WARM_CONNECTIONS = 2  # pool connections opened as soon as the store is up
 ROUND_TRIPS = 2  # an operation's commands (a pipeline after NOSCRIPT: two)
-SLOW_FRACTION = 0.5  # a command slower than this share of its timeout is slow
+SLOW_FRACTION = 0.5  # a ping slower than this share of the command timeout: the store is slow
 SLOW_CLEAR_S = 30.0  # an episode of slowness ends after this long without a slow command
 BACKOFF_S = (0.1, 2.0)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
@@ -104,6 +105,7 @@ class Store:
         self._reported_errors: set[str] = set()
         self._slow_at: float | None = None  # the last slow command of the current episode
         self.on_up: list[Callable[[], Awaitable[None]]] = []
+        self._scripts: list[AsyncScript] = []
         self._probe: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.fallbacks: Counter | None = None
@@ -121,6 +123,13 @@ class Store:
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+    def register_script(self, text: str) -> AsyncScript:
+        """A Lua script its users run by sha; loaded whenever the store comes up (so that no
+        operation pays the NOSCRIPT round trips after a start or a Redis restart)."""
+        script = self.client.register_script(text)
+        self._scripts.append(script)
+        return script
 
     def fell_back(self, use: str) -> None:
         if self.fallbacks is not None:
@@ -175,7 +184,9 @@ class Store:
             self._reported_errors.add(message)
             log.error("state store %s refused a command: %s", self.where, message)
 
-    def _observe(self, use: str, started: float, *, judge: bool = True) -> None:
+    def _observe(self, use: str, started: float, *, judge: bool = False) -> None:
+        """Into the histogram; `judge`: a single command on a warm connection (the probe's ping),
+        which says whether the store is slow."""
         now = self._clock()
         took = now - started
         if self.latency is not None:
@@ -185,7 +196,7 @@ class Store:
         if took > SLOW_FRACTION * self.config.timeout_s:
             if self._slow_at is None:
                 log.log(logging.WARNING if self._level == logging.ERROR else logging.INFO,
-                        "state store %s is slow: an operation took %.0f ms (each command's timeout: %.0f ms); "
+                        "state store %s is slow: a ping took %.0f ms (each command's timeout: %.0f ms); "
                         "still up and shared, but every lease renewal and weight write waits that long",
                         self.where, took * 1000, self.config.timeout_s * 1000)
             self._slow_at = now
@@ -244,11 +255,13 @@ class Store:
         return True
 
     async def _warm(self) -> None:
-        """Open a few pool connections now (concurrent pings each take one), so that the first
-        operations do not pay for a set-up."""
+        """Open a few pool connections now (concurrent pings each take one) and load the scripts, so
+        that the first operations do not pay for a set-up."""
         with contextlib.suppress(*_OUTAGE, redis_errors.RedisError):
             async with asyncio.timeout(self._bound_s):
-                await asyncio.gather(*(self.client.ping() for _ in range(WARM_CONNECTIONS)), return_exceptions=True)
+                await asyncio.gather(*(self.client.ping() for _ in range(WARM_CONNECTIONS)),
+                                     *(self.leases.script_load(s.script) for s in self._scripts),
+                                     return_exceptions=True)
 
     async def _disconnect(self) -> None:
         for client in (self.client, self.leases):  # connections from before the outage are dead

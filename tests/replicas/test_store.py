@@ -14,7 +14,8 @@ from gateway.access.leased import LeasedLimiter
 from gateway.access.ratelimit import KeyLimiter, Limiter, Limits, LocalLimiter
 from gateway.access.shared_limits import RedisSource
 from gateway.cluster.fleet import FleetStats
-from gateway.cluster.overrides import Override, SharedWeights
+from gateway.cluster.overrides import SharedWeights
+from gateway.errors import WeightsConflict
 from gateway.settings import State
 from gateway.state.store import Store, StoreDown
 
@@ -139,27 +140,33 @@ async def test_a_store_that_never_answers_is_down_at_once() -> None:
         await store.close()
 
 
-async def test_newer_weights_win_whoever_writes_last(stores: list[Store]) -> None:
-    applied: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
+async def test_weights_are_ordered_by_the_stores_versions_not_by_clocks(stores: list[Store]) -> None:
+    """`a`'s clock is an hour ahead. `b` writes after reading `a`'s change: it wins. A write made on
+    a version that is no longer the stored one loses, whatever its clock says, and is told so with
+    the winning record; the loser then has the winner in force."""
+    applied: dict[str, list[dict[str, float]]] = {"a": [], "b": [], "c": []}
 
-    def shared(store: Store, name: str) -> SharedWeights:
+    def shared(store: Store, name: str, skew_s: float = 0.0) -> SharedWeights:
         async def apply(model: str, weights: dict[str, float]) -> None:
             applied[name].append(weights)
 
-        return SharedWeights(store, replica=name, apply=apply, fingerprints=lambda: {"ab": "f1"}, interval_s=60)
+        return SharedWeights(store, replica=name, apply=apply, fingerprints=lambda: {"ab": "f1"}, interval_s=60,
+                             wall_clock=lambda: time.time() + skew_s)
 
-    a, b = shared(stores[0], "a"), shared(stores[1], "b")
-    assert await a.put("ab", {"x": 1.0, "y": 9.0})
+    a, b = shared(stores[0], "a", skew_s=3600), shared(stores[1], "b")
+    assert await a.put("ab", {"x": 1.0, "y": 9.0}, previous={"x": 5.0, "y": 5.0})
     assert await b.sync_once() == 1
     assert applied["b"] == [{"x": 1.0, "y": 9.0}]
-    late = Override({"x": 5.0, "y": 5.0}, "f1", 0.0, "old-replica")  # written late, but made long ago
-
-    async def stale_write(client: object) -> object:
-        return await a._put(keys=[a.key], args=["ab", late.encode(), late.at], client=client)  # type: ignore[arg-type]
-
-    assert await stores[2].run(stale_write) == 0  # refused: the stored change is newer
-    assert await b.sync_once() == 0
-    assert await a.sync_once() == 0  # its own change is not applied back to itself
+    assert await b.put("ab", {"x": 2.0, "y": 8.0}, previous={"x": 1.0, "y": 9.0})  # later, on a's version
+    assert await a.sync_once() == 1
+    assert applied["a"] == [{"x": 2.0, "y": 8.0}]  # a's clock is ahead: b's change is in force anyway
+    assert await b.sync_once() == 0  # its own change is not applied back to itself
+    with pytest.raises(WeightsConflict) as lost:  # c has not read b's change: its write loses
+        await shared(stores[2], "c").put("ab", {"x": 9.0, "y": 1.0}, previous={"x": 5.0, "y": 5.0})
+    assert lost.value.record["weights"] == {"x": 2.0, "y": 8.0}
+    assert lost.value.record["by"] == "b"
+    assert applied["c"] == [{"x": 2.0, "y": 8.0}]  # the winner is in force on the loser
+    assert await a.sync_once() == 0  # nothing was written
 
 
 async def test_the_fleet_lists_live_replicas_and_forgets_silent_ones(stores: list[Store]) -> None:
