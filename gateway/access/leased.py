@@ -158,6 +158,7 @@ class LeasedLimiter:
         if not self._source.available():
             return await self._fall_back(key, self.fallback)
         lease = self._lease(key)
+        lease.arrived(self._clock())
         deadline: float | None = None
         while True:
             now = self._clock()

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from .ratelimit import fraction_now
 
 HOLDER_TTL_S = 5.0  # a holder that has not settled a key for this long is no longer counted for it
-TAU_S = 1.0  # the demand estimate's time constant
+TAU_S = 0.5  # the demand estimate's time constant
 MIN_HORIZON_S = 0.1  # a lease covers at least this much of its holder's demand ...
 HORIZON_ROUND_TRIPS = 3.0  # ... and at least this many renewal round trips
 IDLE_RETURN_S = 1.0  # held units unused for this long go back to the authority
@@ -165,7 +165,7 @@ class Lease:
     tokens: float | None = None
     seen_at: float = 0.0
     holders: int = 1
-    demand: float = 0.0  # request units a second here, decayed (`TAU_S`)
+    demand: float = 0.0  # requests a second arriving here (admitted or not), decayed (`TAU_S`)
     demand_at: float = 0.0
     used_at: float = field(default=-math.inf)
     settled_at: float = field(default=-math.inf)
@@ -220,10 +220,11 @@ class Lease:
             return WAIT
         if rpm:
             self.held -= 1
-            self._spent(now)
         return None
 
-    def _spent(self, now: float) -> None:
+    def arrived(self, now: float) -> None:
+        """A request for this key arrived (once per request, before `decide`): the demand a lease is
+        sized to counts requests, not admissions, so that a lease run dry grows at once."""
         self.demand = self.demand_now(now) + 1.0 / TAU_S
         self.demand_at = self.used_at = now
 
@@ -258,7 +259,6 @@ class Lease:
         if not self.spent and not self.tokens_owed:
             self.owed_since = now
         self.spent += 1
-        self._spent(now)
 
     def due(self, rpm: int, tpm: int, now: float, *, flush_s: float) -> bool:
         """Has something to settle in the background: charges, idle units, a stale view."""

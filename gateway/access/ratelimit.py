@@ -10,9 +10,11 @@ the limit per minute, what is left now, and how long until the bucket is full ag
 `6m0s`, `250ms`), from the bucket levels the admission saw.
 
 `KeyLimiter` holds the buckets of one process. A gateway of several workers keeps its buckets in the
-supervisor (`cluster.hub`, asked over the worker's channel) and a fleet of replicas in the shared
-store (`access.shared_limits`); all of them are a `Limiter` (an admission answers the decision and
-the levels it left), and all keep these semantics.
+supervisor (`cluster.hub_limits`) and a fleet of replicas in the shared store
+(`access.shared_limits`), and each process admits from leases on them (`access.leases`,
+`access.leased`); all of them are a `Limiter` (an admission answers the decision and the levels it
+left), and all keep these semantics. A key whose limit changes keeps its bucket's fraction
+(`Bucket.rescaled`), wherever the bucket is kept.
 """
 
 from __future__ import annotations

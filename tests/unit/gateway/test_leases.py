@@ -90,6 +90,7 @@ def test_a_busy_lease_asks_ahead_and_an_idle_one_gives_back() -> None:
     now = 0.0
     for _ in range(50):  # 50 requests a second for a second
         lease.held = max(lease.held, 1)
+        lease.arrived(now)
         assert lease.decide(6000, 0, now) is None
         now += 0.02
     assert lease.target(now, 0.06) >= 5  # ~30 a second over 0.18 s
@@ -105,6 +106,7 @@ def test_a_busy_lease_asks_ahead_and_an_idle_one_gives_back() -> None:
 def test_a_sparse_key_holds_nothing_between_requests() -> None:
     lease = Lease()
     lease.answered(Grant(1, 10.0, None, 1), 0.0)
+    lease.arrived(0.0)
     assert lease.decide(60, 0, 0.0) is None
     assert not lease.low(60, 0.0, 0.001)
     assert lease.ask("k", 60, 0, 0.0, 0.001).want == 0
@@ -138,6 +140,7 @@ def simulate(*, holders: int, rpm: int, seconds: float, per_holder_rps: float, r
         lease = leases[i]
         if what == "request":
             heapq.heappush(events, (now + rng.expovariate(per_holder_rps), i, "request"))
+            lease.arrived(now)
             verdict = lease.decide(rpm, 0, now)
             if verdict is None:
                 admitted += 1
