@@ -4,8 +4,11 @@ weights, the fleet's window data with a time to live, and the fallback to local 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,6 +21,7 @@ from gateway.cluster.overrides import SharedWeights
 from gateway.errors import WeightsConflict
 from gateway.settings import State
 from gateway.state.store import Store, StoreDown
+from tests.polling import until
 
 from .redis_server import RedisServer, free_port
 
@@ -138,6 +142,31 @@ async def test_a_store_that_never_answers_is_down_at_once() -> None:
             await store.run(lambda client: client.ping())
     finally:
         await store.close()
+
+
+async def test_the_probe_backs_off_through_the_injected_sleep_and_finds_the_store(tmp_path: Path) -> None:
+    """The reconnect loop (`retrying.forever`): jittered delays doubling from 0.1 s to 2 s, slept
+    through the sleep it was given; once Redis answers, the store is up."""
+    asked: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        asked.append(seconds)
+        await asyncio.sleep(0.005)  # (a real pause, but not the asked one)
+
+    late = RedisServer(tmp_path)
+    store = Store(State(redis_url=late.url, timeout_s=0.1), sleep=sleep, rng=random.Random(7))
+    await store.start()
+    try:
+        await until(lambda: len(asked) >= 8)
+        assert store.up is False
+        assert asked[0] <= 0.1
+        assert all(b >= a * 0.8 for a, b in itertools.pairwise(asked[:5]))  # doubling, less jitter
+        assert 1.6 <= max(asked) <= 2.0
+        late.start()
+        await until(lambda: store.up, within_s=20)
+    finally:
+        await store.close()
+        late.stop()
 
 
 async def test_weights_are_ordered_by_the_stores_versions_not_by_clocks(stores: list[Store]) -> None:
