@@ -370,7 +370,7 @@ def report(res: dict[str, Any], args: argparse.Namespace, argv: Sequence[str]) -
     out = Path(args.out)
     lines = [
         "# Replicas sharing one Redis (`python -m bench replicas`)", "",
-        f"- command: `python -m bench replicas {' '.join(argv[1:])}`".rstrip(),
+        f"- command: `{' '.join(['python -m bench replicas', *argv[1:]])}`",
         f"- commit `{commit.strip()}`, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
         f"{os.cpu_count()} cores shared by every process of the run (the gateways, Redis, nginx, emulators, "
         "wrk, the Python clients) and with other work on this machine: absolute figures are low and noisy, "
