@@ -7,7 +7,6 @@ SO_REUSEPORT; one keep-alive connection would stay on one worker and prove nothi
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import socket
@@ -234,9 +233,11 @@ def test_a_keys_rate_limit_holds_for_the_whole_gateway(emulators: Emulators, gat
     codes = [r.status_code for r in replies]
     remaining = [int(r.headers["x-ratelimit-remaining-requests"]) for r in replies[:10]]
     assert remaining[0] == 19
-    # one bucket, whichever worker answered (each says what it saw at its last settle, plus what it holds)
-    assert all(later <= earlier + 2 for earlier, later in itertools.pairwise(remaining)), remaining
-    assert remaining[-1] <= 19 - 5
+    # each worker says what it saw of the host's bucket at its last settle (at most 0.5 s ago) plus the
+    # units it holds: two workers' figures may differ by a lease, but they count down (that it is one
+    # bucket for both is the granted count below)
+    assert all(0 <= r <= 19 for r in remaining)
+    assert remaining[-1] <= 19 - 5, remaining
     granted = codes.count(200)
     assert set(codes) <= {200, 429}
     assert 20 <= granted <= 20 + elapsed * 20 / 60 + 1  # the burst plus what refilled, not twice the budget
