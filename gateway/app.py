@@ -163,10 +163,9 @@ async def build(
     owners = ResponseOwners()  # and which backend stores which response
     arms = observability.ArmMetrics(registry)
     recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
-    limiter: Limiter = LocalLimiter(KeyLimiter(clock))
-    if link is not None:
-        limiter = link.limiter(limiter)
-    shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None)  # if `state` is set
+    # a worker leases from its supervisor's buckets (`cluster.hub_limits`); with `state`, from Redis first
+    limiter: Limiter = LocalLimiter(KeyLimiter(clock)) if link is None else link.limiter(clock)
+    shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None, clock=clock)
     guard = Guard(generations, shared.limiter, registry)
     accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
     registry.register(LiveCollector(stats, clock))

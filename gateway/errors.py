@@ -10,6 +10,7 @@ GatewayError                      anything the client sees as an OpenAI error bo
 │                                 from a foreign Origin; admin reads through a foreign Host
 ├── UnsupportedMediaType 415      an admin write whose body is not typed application/json
 ├── RateLimited         429       rate_limit_exceeded, with Retry-After
+├── WeightsConflict     409       a live weight change lost to one written first (with the winner)
 ├── RequestTimeout      408       headers or body not received in time
 ├── NoHealthyBackend    503       with Retry-After
 └── UpstreamError       (status)  a backend's own error, normalised, with the backend's status
@@ -219,6 +220,22 @@ class RateLimited(GatewayError):
                  headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message, headers={**(headers or {}), **retry_after(retry_after_s)})
         self.type = kind  # OpenAI says "requests" or "tokens"
+
+
+class WeightsConflict(GatewayError):
+    """A live weight change made on an older version of the route's weights than the store holds
+    (another replica wrote first): not applied. The body is OpenAI's error plus the winning `record`."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "weights_conflict"
+
+    def __init__(self, message: str, *, record: Mapping[str, object]) -> None:
+        super().__init__(message, param="weights")
+        self.record = dict(record)
+
+    def render(self) -> bytes:
+        return json_codec.dumps({**self.body().as_dict(), "record": self.record})
 
 
 class RequestTimeout(GatewayError):

@@ -296,6 +296,7 @@ class State(_Strict):
     # This replica's name in the fleet view (`/admin/compare?scope=fleet`); default: host-pid.
     replica_id: Annotated[str, Field(min_length=1, max_length=128, pattern=_NAME)] | None = None
     timeout_s: Annotated[float, Field(gt=0, le=10)] = 0.25  # per Redis command; past it: local state
+    connect_timeout_s: Annotated[float, Field(gt=0, le=30)] = 1.0  # opening a connection (TCP + handshake)
     publish_interval_s: Annotated[float, Field(gt=0, le=60)] = 2.0  # window data for the fleet view
     sync_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.2  # how often shared weights are read
 

@@ -10,9 +10,11 @@ the limit per minute, what is left now, and how long until the bucket is full ag
 `6m0s`, `250ms`), from the bucket levels the admission saw.
 
 `KeyLimiter` holds the buckets of one process. A gateway of several workers keeps its buckets in the
-supervisor (`cluster.hub`, asked over the worker's channel) and a fleet of replicas in the shared
-store (`access.shared_limits`); all of them are a `Limiter` (an admission answers the decision and
-the levels it left), and all keep these semantics.
+supervisor (`cluster.hub_limits`) and a fleet of replicas in the shared store
+(`access.shared_limits`), and each process admits from leases on them (`access.leases`,
+`access.leased`); all of them are a `Limiter` (an admission answers the decision and the levels it
+left), and all keep these semantics. A key whose limit changes keeps its bucket's fraction
+(`Bucket.rescaled`), wherever the bucket is kept.
 """
 
 from __future__ import annotations
@@ -91,6 +93,13 @@ def exact_wait_s(key: KeyLimits, kind: str, levels: Mapping[str, float]) -> floa
     return 0.0 if level >= 1.0 else (1.0 - level) / per_s
 
 
+def fraction_now(level: float, capacity: float, elapsed_s: float) -> float:
+    """How full a bucket is `elapsed_s` after it held `level` of `capacity` (at most 1; below 0 while
+    tokens are overdrawn). A bucket refills its whole capacity in a minute whatever that capacity is,
+    so the fraction grows by 1/60 a second: a capacity change keeps the fraction (`rescaled`)."""
+    return min(1.0, level / capacity + max(elapsed_s, 0.0) / 60.0)
+
+
 @dataclass(slots=True)
 class Bucket:
     capacity: float
@@ -101,6 +110,14 @@ class Bucket:
     def refill(self, now: float) -> None:
         self.level = min(self.capacity, self.level + (now - self.updated) * self.per_s)
         self.updated = now
+
+    def rescaled(self, capacity: float) -> None:
+        """The key's limit changed (a reload, an `api_keys_file` re-read): keep the bucket as full as
+        it was, as a fraction, never refill it. The same fraction is the same time until full, so a
+        client that was told to wait is not let in early, and a limit that flips back and forth (two
+        configs during a rolling deploy) neither drains nor refills the bucket."""
+        self.level = self.level * capacity / self.capacity
+        self.capacity, self.per_s = capacity, capacity / 60.0
 
     def wait_s(self, need: float) -> float:
         """Seconds until `need` units are available (0 when they are)."""
@@ -116,9 +133,11 @@ class KeyLimiter:
     @staticmethod
     def _bucket(store: dict[str, Bucket], key_id: str, per_minute: int, now: float) -> Bucket:
         bucket = store.get(key_id)
-        if bucket is None or bucket.capacity != per_minute:  # new key, or its limit changed on reload
+        if bucket is None:
             bucket = store[key_id] = Bucket(float(per_minute), per_minute / 60.0, float(per_minute), now)
         bucket.refill(now)
+        if bucket.capacity != per_minute:  # its limit changed on reload: rescaled, never refilled
+            bucket.rescaled(float(per_minute))
         return bucket
 
     def admit(self, key: KeyLimits) -> Admission:

@@ -31,7 +31,8 @@ class Coordinator(Protocol):
     def weights(self, model: str) -> dict[str, float]: ...
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
-        """Apply everywhere this gateway runs; raises KeyError (not a split route) or ValueError."""
+        """Apply everywhere this gateway runs; raises KeyError (not a split route), ValueError, or
+        WeightsConflict (another replica wrote the route first: its weights are in force)."""
         ...
 
     async def reload(self) -> Reloaded:
@@ -66,9 +67,11 @@ class Local:
         return proxy_of(self._generations.current).weights(model)
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
-        live = proxy_of(self._generations.current).set_weights(model, weights)
+        proxy = proxy_of(self._generations.current)
+        previous = proxy.weights(model)
+        live = proxy.set_weights(model, weights)
         if self.shared is not None:
-            await self.shared.put(model, live)
+            await self.shared.put(model, live, previous=previous)  # WeightsConflict: the winner is in force
         return live
 
     async def apply_shared(self, model: str, weights: dict[str, float]) -> None:

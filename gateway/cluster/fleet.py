@@ -63,7 +63,7 @@ class FleetStats:
                 pipe.zremrangebyscore(index, "-inf", now_ms - ttl_ms)
                 return await pipe.execute()
 
-        await self._store.run(op)
+        await self._store.run(op, use="fleet")
 
     async def others(self) -> list[Export]:
         """The live exports of every other replica (StoreDown when the store is down)."""
@@ -80,7 +80,7 @@ class FleetStats:
             return found
 
         out: list[Export] = []
-        for blob in await self._store.run(op):
+        for blob in await self._store.run(op, use="fleet"):
             if blob is None:
                 continue  # expired between the two reads
             with contextlib.suppress(zlib.error, orjson.JSONDecodeError):

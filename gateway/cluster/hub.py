@@ -10,8 +10,9 @@ worker's private channel (`channel`, on a Unix socket in a 0700 directory):
 - **one prober**: the hub probes the committed generation's backends, one task each, and sends
   every worker each result as it comes (`probes`, `state.health_feed`); workers probe only what
   their own discovery found;
-- **one set of rate-limit buckets**: workers ask the hub to admit a keyed request and tell it what
-  to charge (with a store, the fleet's buckets in Redis come first, `access.shared_limits`);
+- **one set of rate-limit buckets**: workers hold leases on them, settled in the background, never
+  asked on a request (`hub_limits`; with a store, the fleet's buckets in Redis come first,
+  `access.shared_limits`);
 - **admin writes before the reply**: a weight change or a reload, wherever it arrived (or SIGHUP to
   the supervisor), is applied by every worker (a reload: committed by every one, or by none)
   before the hub answers; weights changed at run time
@@ -46,7 +47,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from ..access.ratelimit import KeyLimiter, Limits
+from ..errors import WeightsConflict
 from ..kvcache.intake import backend_headers
 from ..kvcache.relay import KvRelay
 from ..merge_rules import Merge, declare
@@ -61,7 +62,8 @@ from .clock import gateway_clock
 from .committed import Committed
 from .fleet import FleetStats
 from .host_views import BASELINE_S, HostViews
-from .overrides import SharedWeights, fingerprints
+from .hub_limits import HostLimits
+from .overrides import SharedWeights, configured_weights, fingerprints
 from .probes import SharedProbes
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ class Hub:
                                       registry=self.registry)
         self.slots_down: Callable[[], list[dict[str, Any]]] = list  # the supervisor's slots without a worker
         self.registry.register(_WorkersGauge(self))
-        self.limiter = KeyLimiter(clock)
+        self.limits = HostLimits(clock)
         self.workers: dict[int, WorkerConn] = {}
         self.expected_workers = 0
         self.overrides: dict[str, tuple[str, dict[str, float]]] = {}  # model -> (split fingerprint, weights)
@@ -218,7 +220,7 @@ class Hub:
             return self._state()
 
         handlers: dict[str, Handler] = {
-            "hello": hello, "state": state, "admit": self._admit, "charge": self._charge,
+            "hello": hello, "state": state, "settle": self.limits.settle,
             "metrics": self._metrics, "compare": self._compare, "weights": self._weights, "reload": self._reload_call,
             "workers": self._workers_doc,
         }
@@ -249,18 +251,6 @@ class Hub:
                                        return_exceptions=True)
         return [(c, a) for c, a in zip(conns, answers, strict=True)]
 
-    # -- limits -------------------------------------------------------------------------------------
-
-    def _admit(self, body: list[Any]) -> list[Any]:
-        key_id, rpm, tpm = body
-        key = Limits(str(key_id), int(rpm) or None, int(tpm) or None)
-        got = self.limiter.admit(key)
-        return [None if got is None else [got[0], got[1]], self.limiter.levels(key)]
-
-    def _charge(self, body: list[Any]) -> None:
-        key_id, rpm, tpm, tokens = body
-        self.limiter.charge(Limits(str(key_id), int(rpm) or None, int(tpm) or None), int(tokens))
-
     # -- metrics ------------------------------------------------------------------------------------
 
     async def metrics(self, accept: str) -> tuple[bytes, str]:
@@ -283,22 +273,28 @@ class Hub:
     # -- admin writes -------------------------------------------------------------------------------
 
     async def set_weights(self, model: str, weights: dict[str, float]) -> dict[str, float]:
-        """Apply on every worker (and remember for those that start later); share with the fleet."""
+        """Share with the fleet (WeightsConflict if another replica wrote first: its weights are then
+        in force on every worker), apply on every worker, remember for those that start later."""
         split = fingerprints(self.settings).get(model)
         if split is None:
             raise KeyError(model)
+        if self.shared is not None:
+            kept = self.overrides.get(model)
+            previous = kept[1] if kept is not None else configured_weights(self.settings, model)
+            await self.shared.put(model, weights, previous=previous)
         self.overrides[model] = (split, dict(weights))
         failed = [f"worker {c.slot}: {a}" for c, a in await self._each("apply_weights", [model, weights])
                   if isinstance(a, BaseException)]
         if failed:
             log.error("weights for %s not applied everywhere: %s", model, "; ".join(failed))
-        if self.shared is not None:
-            await self.shared.put(model, weights)
         return dict(weights)
 
-    async def _weights(self, body: list[Any]) -> dict[str, float]:
+    async def _weights(self, body: list[Any]) -> dict[str, Any]:
         model, weights = body
-        return await self.set_weights(str(model), {str(k): float(v) for k, v in weights.items()})
+        try:
+            return {"weights": await self.set_weights(str(model), {str(k): float(v) for k, v in weights.items()})}
+        except WeightsConflict as lost:
+            return {"conflict": lost.record, "message": lost.message}
 
     async def _apply_shared(self, model: str, weights: dict[str, float]) -> None:
         """Another replica changed a split's weights (polled from the store)."""

@@ -5,8 +5,9 @@ one (never the file on disk), with the latest probe results and the weights set 
 worker that replaces a crashed one serves what its siblings serve, with the gateway's state, from
 its first request. What the hub asks of a worker: its metric families (`collect`), its windows
 (`stats`), to apply weights (`apply_weights`), to prepare, commit or abort a reload (`following`),
-who it is (`identity`); and it tells it each probe result as it comes (`probes`). What the worker asks of the hub: to
-admit and charge keyed requests (`HostLimiter`), and everything an admin surface does (`Remote`).
+who it is (`identity`); and it tells it each probe result as it comes (`probes`). What the worker
+asks of the hub: to settle its leases on the host's rate-limit buckets (`HubSource`: in the
+background, never on a request), and everything an admin surface does (`Remote`).
 When the channel closes (the supervisor is gone) the worker drains and exits: no orphans.
 """
 
@@ -21,7 +22,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ..access.ratelimit import Decision, KeyLimits, Limiter
+from ..access.leased import LeasedLimiter, SourceDown
+from ..access.leases import Ask, Grant
+from ..errors import WeightsConflict
 from ..proxy.service import proxy_of
 from ..state.generations import Generations
 from ..state.health import Poller
@@ -35,34 +38,30 @@ from .committed import Received
 from .following import Following
 from .scrape import dump
 
-ADMIT_TIMEOUT_S = 1.0  # past it the request is admitted by this worker's own buckets
+# How long an admission waits for the hub (a key's first request here), and how long a settle may be
+# under way before this worker decides on its share alone: the hub's loop is shared with probe
+# rounds and merges, and a stall of it must not hold up requests.
+HUB_PATIENCE_S = 0.2
+SETTLE_TIMEOUT_S = 30.0  # a late answer still counts (its units were taken from the host's buckets)
 
 
-class HostLimiter:
-    """The hub's buckets (one budget for the whole host); `fallback` if the hub does not answer."""
+class HubSource:
+    """The host's buckets in the hub (`hub_limits`), as a lease source."""
 
-    def __init__(self, channel: Channel, fallback: Limiter) -> None:
+    def __init__(self, channel: Channel, holder: str) -> None:
         self._channel = channel
-        self.fallback = fallback
+        self.holder = holder
 
-    async def admit(self, key: KeyLimits) -> Decision:
-        rpm, tpm = key.requests_per_minute or 0, key.tokens_per_minute or 0
-        if not rpm and not tpm:
-            return Decision()
+    def available(self) -> bool:
+        return not self._channel.closed.is_set()
+
+    async def settle(self, asks: list[Ask]) -> list[Grant]:
         try:
-            refused, levels = await self._channel.call("admit", [key.id, rpm, tpm], timeout_s=ADMIT_TIMEOUT_S)
-        except (ChannelClosed, RemoteError, TimeoutError):
-            return await self.fallback.admit(key)
-        return Decision(None if refused is None else (int(refused[0]), str(refused[1])),
-                        {str(k): float(v) for k, v in levels.items()})
-
-    def charge(self, key: KeyLimits, tokens: int) -> None:
-        if key.tokens_per_minute is None or tokens <= 0:
-            return
-        if self._channel.closed.is_set():
-            self.fallback.charge(key, tokens)
-            return
-        self._channel.notify("charge", [key.id, key.requests_per_minute or 0, key.tokens_per_minute, tokens])
+            raw = await self._channel.call("settle", [self.holder, [a.encode() for a in asks]],
+                                           timeout_s=SETTLE_TIMEOUT_S)
+        except (ChannelClosed, RemoteError, TimeoutError) as exc:
+            raise SourceDown(f"the supervisor: {type(exc).__name__}") from exc
+        return [Grant.decode(g) for g in raw]
 
 
 @dataclass
@@ -103,8 +102,10 @@ class WorkerLink:
         state = await channel.call("hello", {"slot": slot, "pid": os.getpid()})
         return cls(channel, slot, task, state, Path(path).parent)
 
-    def limiter(self, fallback: Limiter) -> HostLimiter:
-        return HostLimiter(self.channel, fallback)
+    def limiter(self, clock: Callable[[], float]) -> LeasedLimiter:
+        """This worker's admissions, from leases on the host's buckets; on its share of each key's
+        budget while the hub is stalled or gone."""
+        return LeasedLimiter(HubSource(self.channel, f"worker-{self.slot}"), clock=clock, patience_s=HUB_PATIENCE_S)
 
     @property
     def generation(self) -> int:
@@ -191,8 +192,10 @@ class Remote:
 
     async def set_weights(self, model: str, weights: Mapping[str, float]) -> dict[str, float]:
         live = proxy_of(self._generations.current).set_weights(model, weights)  # validates (404, 400) here
-        answer: dict[str, float] = await self._link.channel.call("weights", [model, live], timeout_s=30.0)
-        return answer
+        answer: dict[str, Any] = await self._link.channel.call("weights", [model, live], timeout_s=30.0)
+        if "conflict" in answer:  # (the hub has put the winner in force on every worker, this one too)
+            raise WeightsConflict(str(answer["message"]), record=answer["conflict"])
+        return {str(k): float(v) for k, v in answer["weights"].items()}
 
     async def reload(self) -> Reloaded:
         answer = await self._link.channel.call("reload", timeout_s=120.0)

@@ -1,22 +1,24 @@
 """What one gateway process wires in to share state with other replicas (the composition root calls
 this; it builds nothing when `state` is not configured, so a lone replica runs exactly as without it).
 
-With `state.redis_url`, every process gets a `Store`, and its rate limits go to the fleet's buckets
-first (`access.shared_limits`, falling back to the host's or its own). A process that is the whole
+With `state.redis_url`, every process gets a `Store`, and its rate limits lease from the fleet's
+buckets (`access.shared_limits`; while the store is down, from the host's or its own). A process that is the whole
 gateway (no `--workers`) also shares its weights and publishes its windows itself; under a
 supervisor, the hub does that for all workers.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from ..access.leased import LeasedLimiter
 from ..access.ratelimit import Limiter
-from ..access.shared_limits import RedisLimiter
+from ..access.shared_limits import RedisSource
 from ..errors import GatewayError
 from ..settings import Settings
 from ..state.generations import Generations
@@ -40,12 +42,17 @@ class Shared:
     coordinator: Local | None = None
 
     @classmethod
-    def build(cls, settings: Settings, registry: CollectorRegistry, limiter: Limiter, *, supervised: bool) -> Shared:
-        """`supervised`: a worker of a supervisor (whose hub reports the store's outages)."""
+    def build(cls, settings: Settings, registry: CollectorRegistry, limiter: Limiter, *, supervised: bool,
+              clock: Callable[[], float]) -> Shared:
+        """`supervised`: a worker of a supervisor (whose hub reports the store's outages). `limiter`
+        decides while the store is down."""
         if settings.state is None:
             return cls(settings, limiter)
         store = Store(settings.state, registry=registry, report=not supervised)
-        return cls(settings, RedisLimiter(store, limiter), store)
+        source = RedisSource(store, holder=f"{replica_name(settings)}/{os.getpid()}")
+        leased = LeasedLimiter(source, limiter, clock=clock, patience_s=settings.state.timeout_s,
+                               fell_back=lambda: store.fell_back("limits"))
+        return cls(settings, leased, store)
 
     def local(
         self, generations: Generations, reloader: Reloader, book: StatsBook, comparer: Comparer, *,
@@ -78,14 +85,17 @@ class Shared:
                     await part.start()
 
     async def close(self) -> None:
+        """Give the leases back (the fleet's, then the host's), stop sharing."""
+        limiter: Limiter | None = self.limiter
+        while isinstance(limiter, LeasedLimiter):
+            await limiter.close()
+            limiter = limiter.fallback if limiter.fallback is not limiter.stand_in else None
         if self.store is None:
             return
         if self.coordinator is not None:
             for part in (self.coordinator.fleet, self.coordinator.shared):
                 if part is not None:
                     await part.close()
-        if isinstance(self.limiter, RedisLimiter):
-            await self.limiter.close()
         await self.store.close()
 
 

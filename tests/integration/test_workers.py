@@ -232,8 +232,12 @@ def test_a_keys_rate_limit_holds_for_the_whole_gateway(emulators: Emulators, gat
     elapsed = time.monotonic() - started
     codes = [r.status_code for r in replies]
     remaining = [int(r.headers["x-ratelimit-remaining-requests"]) for r in replies[:10]]
-    assert remaining == sorted(remaining, reverse=True)  # one bucket, whichever worker answered
     assert remaining[0] == 19
+    # each worker says what it saw of the host's bucket at its last settle (at most 0.5 s ago) plus the
+    # units it holds: two workers' figures may differ by a lease, but they count down (that it is one
+    # bucket for both is the granted count below)
+    assert all(0 <= r <= 19 for r in remaining)
+    assert remaining[-1] <= 19 - 5, remaining
     granted = codes.count(200)
     assert set(codes) <= {200, 429}
     assert 20 <= granted <= 20 + elapsed * 20 / 60 + 1  # the burst plus what refilled, not twice the budget

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -30,13 +30,20 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 Replicas = Callable[..., list[GatewayProcess]]
 
 
+class Store(Protocol):
+    """Where replicas find their Redis: a `RedisServer`, or a `LatencyProxy` in front of one."""
+
+    @property
+    def url(self) -> str: ...
+
+
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[Replicas]:
     """`replicas(config, n, workers=1, **state)`: n gateways of one config (each its own replica_id),
     started at once; all stopped at the end."""
     started: list[GatewayProcess] = []
 
-    def start(config: dict[str, Any], n: int, *, workers: int = 1, redis: RedisServer | None = None,
+    def start(config: dict[str, Any], n: int, *, workers: int = 1, redis: Store | None = None,
               **state: Any) -> list[GatewayProcess]:
         def one(i: int) -> GatewayProcess:
             cfg = dict(config)

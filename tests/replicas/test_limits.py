@@ -87,3 +87,19 @@ def test_tokens_spent_on_one_replica_are_spent_on_all(
     assert refused is not None
     assert refused.status_code == 429
     assert refused.json()["error"]["type"] == "tokens"
+
+
+def test_replicas_that_disagree_on_a_keys_limit_still_share_one_budget(
+    emulators: Emulators, redis: RedisServer, replicas: Replicas,
+) -> None:
+    """A rolling deploy that changes a key's limit: one replica says 5 a minute, the other 6. The
+    shared bucket is rescaled at each flip, never read as full: 30 requests alternating between them
+    get about one budget (5 or 6, and what refilled meanwhile), not 30 of 30."""
+    (five,) = replicas(config(emulators, requests_per_minute=5), 1, redis=redis)
+    (six,) = replicas(config(emulators, requests_per_minute=6), 1, redis=redis)
+    started = time.monotonic()
+    codes = [chat(gw).status_code for gw in itertools.islice(itertools.cycle((five, six)), 30)]
+    elapsed = time.monotonic() - started
+    assert set(codes) <= {200, 429}
+    assert 5 <= codes.count(200) <= 6 + elapsed * 6 / 60 + 1, (codes, elapsed)
+

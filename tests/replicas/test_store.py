@@ -1,21 +1,27 @@
-"""The store's parts against a real Redis: atomic shared buckets, newest-wins weights, the fleet's
-window data with a time to live, and the fallback to local state."""
+"""The store's parts against a real Redis: atomic shared buckets leased to replicas, versioned
+weights, the fleet's window data with a time to live, and the fallback to local state."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.access.ratelimit import KeyLimiter, Limits, LocalLimiter
-from gateway.access.shared_limits import RedisLimiter
+from gateway.access.leased import LeasedLimiter
+from gateway.access.ratelimit import KeyLimiter, Limiter, Limits, LocalLimiter
+from gateway.access.shared_limits import RedisSource
 from gateway.cluster.fleet import FleetStats
-from gateway.cluster.overrides import Override, SharedWeights
+from gateway.cluster.overrides import SharedWeights
+from gateway.errors import WeightsConflict
 from gateway.settings import State
 from gateway.state.store import Store, StoreDown
+from tests.polling import until
 
 from .redis_server import RedisServer, free_port
 
@@ -39,8 +45,26 @@ def local() -> LocalLimiter:
     return LocalLimiter(KeyLimiter(time.monotonic))
 
 
+OPENED: list[LeasedLimiter] = []
+
+
+def leased(store: Store, fallback: Limiter | None = None, name: str = "test") -> LeasedLimiter:
+    limiter = LeasedLimiter(RedisSource(store, holder=f"{name}-{id(store)}"), fallback or local(),
+                            clock=time.monotonic, patience_s=store.config.timeout_s,
+                            fell_back=lambda: store.fell_back("limits"))
+    OPENED.append(limiter)
+    return limiter
+
+
+@pytest.fixture(autouse=True)
+async def _close_limiters() -> AsyncIterator[None]:
+    yield
+    while OPENED:
+        await OPENED.pop().close()
+
+
 async def test_the_burst_is_the_per_minute_figure_and_then_it_says_when(stores: list[Store]) -> None:
-    limiter = RedisLimiter(stores[0], local())
+    limiter = leased(stores[0])
     key = Limits("burst", 30, None)
     results = [await limiter.admit(key) for _ in range(31)]
     assert [r.refused for r in results[:30]] == [None] * 30
@@ -50,7 +74,7 @@ async def test_the_burst_is_the_per_minute_figure_and_then_it_says_when(stores: 
 
 async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]) -> None:
     """200 admissions at once from four replicas against a burst of 50: the script runs alone."""
-    limiters = [RedisLimiter(s, local()) for s in stores]
+    limiters = [leased(s) for s in stores]
     key = Limits("race", 50, None)
     started = time.monotonic()
     results = await asyncio.gather(*(limiters[i % 4].admit(key) for i in range(200)))
@@ -60,7 +84,7 @@ async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]
 
 
 async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) -> None:
-    a, b = RedisLimiter(stores[0], local()), RedisLimiter(stores[1], local())
+    a, b = leased(stores[0]), leased(stores[1])
     key = Limits("tokens", None, 600)
     assert (await a.admit(key)).refused is None
     a.charge(key, 1800)  # a big answer: 3 minutes' worth
@@ -73,19 +97,25 @@ async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) ->
     assert 115 <= wait <= 121  # 1,200 tokens below zero at 10 a second
 
 
-async def test_a_changed_limit_starts_a_full_bucket(stores: list[Store]) -> None:
-    limiter = RedisLimiter(stores[0], local())
+async def test_a_changed_limit_rescales_the_stored_bucket(stores: list[Store]) -> None:
+    """Replicas that disagree on a key's limit (a rolling deploy) share one bucket: it is rescaled to
+    the same fraction full, never read as full."""
+    five, six = leased(stores[0], name="five"), leased(stores[1], name="six")
     for _ in range(5):
-        assert (await limiter.admit(Limits("changed", 5, None))).refused is None
-    assert (await limiter.admit(Limits("changed", 5, None))).refused is not None
-    assert (await limiter.admit(Limits("changed", 10, None))).refused is None  # a reload raised the limit
+        assert (await five.admit(Limits("changed", 5, None))).refused is None
+    refused = [(await (six if i % 2 else five).admit(Limits("changed", 6 if i % 2 else 5, None))).refused
+               for i in range(10)]
+    assert None not in refused  # the spent bucket stays spent at either limit
+    doubled = await five.admit(Limits("changed", 10, None))  # a reload raised the limit: still spent
+    assert doubled.refused is not None
+    assert doubled.levels["requests"] < 1
 
 
 async def test_with_the_store_down_the_fallback_decides(redis: RedisServer) -> None:
     registry = CollectorRegistry()
     store = await store_for(redis, registry)
     fallback = local()
-    limiter = RedisLimiter(store, fallback)
+    limiter = leased(store, fallback)
     try:
         key = Limits("down", 3, 100)
         assert (await limiter.admit(key)).refused is None
@@ -114,27 +144,58 @@ async def test_a_store_that_never_answers_is_down_at_once() -> None:
         await store.close()
 
 
-async def test_newer_weights_win_whoever_writes_last(stores: list[Store]) -> None:
-    applied: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
+async def test_the_probe_backs_off_through_the_injected_sleep_and_finds_the_store(tmp_path: Path) -> None:
+    """The reconnect loop (`retrying.forever`): jittered delays doubling from 0.1 s to 2 s, slept
+    through the sleep it was given; once Redis answers, the store is up."""
+    asked: list[float] = []
 
-    def shared(store: Store, name: str) -> SharedWeights:
+    async def sleep(seconds: float) -> None:
+        asked.append(seconds)
+        await asyncio.sleep(0.005)  # (a real pause, but not the asked one)
+
+    late = RedisServer(tmp_path)
+    store = Store(State(redis_url=late.url, timeout_s=0.1), sleep=sleep, rng=random.Random(7))
+    await store.start()
+    try:
+        await until(lambda: len(asked) >= 8)
+        assert store.up is False
+        assert asked[0] <= 0.1
+        assert all(b >= a * 0.8 for a, b in itertools.pairwise(asked[:5]))  # doubling, less jitter
+        assert 1.6 <= max(asked) <= 2.0
+        late.start()
+        await until(lambda: store.up, within_s=20)
+    finally:
+        await store.close()
+        late.stop()
+
+
+async def test_weights_are_ordered_by_the_stores_versions_not_by_clocks(stores: list[Store]) -> None:
+    """`a`'s clock is an hour ahead. `b` writes after reading `a`'s change: it wins. A write made on
+    a version that is no longer the stored one loses, whatever its clock says, and is told so with
+    the winning record; the loser then has the winner in force."""
+    applied: dict[str, list[dict[str, float]]] = {"a": [], "b": [], "c": []}
+
+    def shared(store: Store, name: str, skew_s: float = 0.0) -> SharedWeights:
         async def apply(model: str, weights: dict[str, float]) -> None:
             applied[name].append(weights)
 
-        return SharedWeights(store, replica=name, apply=apply, fingerprints=lambda: {"ab": "f1"}, interval_s=60)
+        return SharedWeights(store, replica=name, apply=apply, fingerprints=lambda: {"ab": "f1"}, interval_s=60,
+                             wall_clock=lambda: time.time() + skew_s)
 
-    a, b = shared(stores[0], "a"), shared(stores[1], "b")
-    assert await a.put("ab", {"x": 1.0, "y": 9.0})
+    a, b = shared(stores[0], "a", skew_s=3600), shared(stores[1], "b")
+    assert await a.put("ab", {"x": 1.0, "y": 9.0}, previous={"x": 5.0, "y": 5.0})
     assert await b.sync_once() == 1
     assert applied["b"] == [{"x": 1.0, "y": 9.0}]
-    late = Override({"x": 5.0, "y": 5.0}, "f1", 0.0, "old-replica")  # written late, but made long ago
-
-    async def stale_write(client: object) -> object:
-        return await a._put(keys=[a.key], args=["ab", late.encode(), late.at], client=client)  # type: ignore[arg-type]
-
-    assert await stores[2].run(stale_write) == 0  # refused: the stored change is newer
-    assert await b.sync_once() == 0
-    assert await a.sync_once() == 0  # its own change is not applied back to itself
+    assert await b.put("ab", {"x": 2.0, "y": 8.0}, previous={"x": 1.0, "y": 9.0})  # later, on a's version
+    assert await a.sync_once() == 1
+    assert applied["a"] == [{"x": 2.0, "y": 8.0}]  # a's clock is ahead: b's change is in force anyway
+    assert await b.sync_once() == 0  # its own change is not applied back to itself
+    with pytest.raises(WeightsConflict) as lost:  # c has not read b's change: its write loses
+        await shared(stores[2], "c").put("ab", {"x": 9.0, "y": 1.0}, previous={"x": 5.0, "y": 5.0})
+    assert lost.value.record["weights"] == {"x": 2.0, "y": 8.0}
+    assert lost.value.record["by"] == "b"
+    assert applied["c"] == [{"x": 2.0, "y": 8.0}]  # the winner is in force on the loser
+    assert await a.sync_once() == 0  # nothing was written
 
 
 async def test_the_fleet_lists_live_replicas_and_forgets_silent_ones(stores: list[Store]) -> None:

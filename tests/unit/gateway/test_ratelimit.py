@@ -88,3 +88,22 @@ def test_the_exact_wait_is_known_for_retry_after_ms(clock: Clock, limiter: KeyLi
 ])
 def test_durations_are_written_as_openai_writes_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
+
+
+def test_a_changed_limit_rescales_the_bucket_and_never_refills_it(clock: Clock, limiter: KeyLimiter) -> None:
+    """A reload (or an `api_keys_file` re-read) that changes a key's limit keeps the bucket as full
+    as it was, as a fraction: a spent bucket stays spent, whichever way the limit moves."""
+    five, six = key(requests_per_minute=5), key(requests_per_minute=6)
+    assert [limiter.admit(five) for _ in range(5)] == [None] * 5
+    admitted = sum(limiter.admit(six if i % 2 else five) is None for i in range(30))  # flipping back and forth
+    assert admitted == 0
+    clock.now += 30  # half a minute: half full, at either limit
+    assert limiter.levels(six)["requests"] == pytest.approx(3.0)
+    assert limiter.levels(five)["requests"] == pytest.approx(2.5)
+
+
+def test_an_overdrawn_token_bucket_keeps_its_time_until_full(clock: Clock, limiter: KeyLimiter) -> None:
+    small, large = key(tokens_per_minute=600), key(tokens_per_minute=1200)
+    assert limiter.admit(small) is None
+    limiter.charge(small, 1800)  # 2 budgets below zero: 3 minutes until full
+    assert limiter.admit(large) == (120, "tokens")  # -2400 at 20 a second
