@@ -106,4 +106,5 @@ def test_a_far_or_slow_store_is_up_shared_and_off_the_request_path(
     assert settle_s >= far_redis.rtt_ms / 1000 * 0.9
     log = a.log_path.read_text()
     assert "is unreachable" not in log
-    assert ("is slow" in log) == (far_redis.rtt_ms > 125), log[-2000:]  # over half the 250 ms timeout
+    if far_redis.rtt_ms > 125:  # over half the 250 ms timeout: said once (a nearer store may also be
+        assert "is slow" in log, log[-2000:]  # slow now and then on a loaded machine: not asserted)
