@@ -75,23 +75,36 @@ container-deps:  ## podman, runc, buildah and debootstrap for the container tier
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
+# The tiers run on TEST_JOBS pytest-xdist workers (most tests wait on processes and sockets, so three
+# workers keep two cores busy). `--dist loadscope` with the grouping of tests/conftest.py: a module
+# runs whole on one worker, and the tiers with session-wide servers (real vLLM, Prometheus,
+# Chromium, the conformance and fuzz fleets) run whole on one worker each, so each server starts once.
+TEST_JOBS ?= 3
+PARALLEL  := -n $(TEST_JOBS) --dist loadscope
+
 test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, every tier on both builds, the container tier
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PARALLEL)
 	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-container
 
-# The tiers above run the compiled build; this runs every tier once more (but the container one, which
-# builds its own image) on a copy of the checkout without the compiled modules: what runs where there
-# is no C compiler. Both builds are one source, and both must pass the same tests.
-test-pure: install  ## every tier but the container one, on the pure-Python sources
+# The tiers above run the compiled build; this runs again, on a copy of the checkout without the
+# compiled modules (what runs where there is no C compiler), the tiers where the build makes a
+# difference: the compiled modules (setup.py's NATIVE: the fronts, the upstream client, the proxy,
+# routing, the pool, the KV index, the statistics windows, the metrics) tested in process (unit) and
+# behind a real gateway process (integration, conformance, fuzz). Not again: emulator and deploy
+# (they test the emulators and the manifests, no compiled code), discovery, replicas, Prometheus,
+# browser and real vLLM (what they add to the tiers kept, discovery and its sources, the shared
+# store, the exposition, the dashboard, a real engine, is not compiled: the same code in both builds).
+PURE_TIERS := tests/unit tests/integration tests/conformance tests/fuzz
+test-pure: install  ## the tiers where the build matters, on the pure-Python sources
 	rm -rf build/pure && mkdir -p build/pure
 	git ls-files -z | xargs -0 cp --parents -t build/pure
 	find build/pure -name '*.so' -delete
 	cd build/pure && $(CURDIR)/$(PY) -c "from gateway import build_check as b; assert not b.compiled(); print('build:', b.describe())"
-	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider
+	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider $(PARALLEL) $(PURE_TIERS)
 
 test-fast: install prometheus  ## the tiers without real vLLM and without the container build
-	$(VENV)/bin/pytest -m "not real and not container"
+	$(VENV)/bin/pytest $(PARALLEL) -m "not real and not container"
 
 # Builds the image from this checkout (uncached about 5-7 min: debootstrap, pip, mypyc; cached seconds)
 # and runs it; the commands are the ones deploy/README.md shows.

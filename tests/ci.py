@@ -59,13 +59,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = message(report.nodeid, _reason(report))
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
-    outcome = yield
-    report: pytest.CollectReport = outcome.get_result()
-    if in_ci() and _is_skip(report):
-        skips = collector.config.stash.setdefault(COLLECTION_SKIPS, [])
-        skips.append(f"{report.nodeid}: {message(report.nodeid, _reason(report))}")
+_CONFIG: list[pytest.Config] = []  # the session's config (`pytest_collectreport` is given none)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG[:] = [config]
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """Collection skips, remembered for the summary. Under pytest-xdist the controller is given the
+    workers' skipped and failed collection reports through this same hook, so a module skipped on a
+    worker is listed and fails the session there too."""
+    if in_ci() and _is_skip(report) and _CONFIG:
+        skips = _CONFIG[0].stash.setdefault(COLLECTION_SKIPS, [])
+        line = f"{report.nodeid}: {message(report.nodeid, _reason(report))}"
+        if line not in skips:
+            skips.append(line)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.ci import message
@@ -10,9 +12,11 @@ pytest_plugins = ["pytester"]
 
 CONFTEST = """
 from tests.ci import (
-    pytest_make_collect_report, pytest_runtest_makereport, pytest_sessionfinish, pytest_terminal_summary,
+    pytest_collectreport, pytest_configure, pytest_runtest_makereport, pytest_sessionfinish,
+    pytest_terminal_summary,
 )
 """
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = """
 import pytest
 
@@ -81,6 +85,20 @@ def test_a_module_skipped_at_collection_fails_the_session_in_ci(
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*skipped at collection while CI is set*", "*test_gone.py*no prometheus*"])
+
+
+def test_skips_fail_the_run_under_xdist_too(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make test` runs pytest-xdist: the workers' skips reach the controller, which fails the run."""
+    hooks(pytester)
+    pytester.makepyfile(test_gone='import pytest\npytest.skip("no prometheus", allow_module_level=True)\n',
+                        test_tier=TESTS)
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, failed=1, errors=2, xfailed=1, skipped=1)  # the module's skip, listed
+    result.stdout.fnmatch_lines(["*skipped at collection while CI is set*", "*test_gone.py*no prometheus*"])
+    assert "no dnsmasq here" in result.stdout.str()
 
 
 @pytest.mark.parametrize(("nodeid", "need"), [
