@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native pure run check test test-fast test-pure test-container real-env system-deps container-deps prometheus bench clean
+.PHONY: install native pure run check test test-steps test-fast test-pure test-container real-env system-deps container-deps prometheus bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,7 +82,13 @@ real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tes
 TEST_JOBS ?= 3
 PARALLEL  := -n $(TEST_JOBS) --dist loadscope
 
-test: install system-deps prometheus real-env check  ## everything CI runs: lint, types, every tier on both builds, the container tier
+test:  ## everything CI runs: lint, types, every tier, the pure pass, the container tier; prints its wall time
+	@start=$$(date +%s); status=0; $(MAKE) --no-print-directory test-steps || status=$$?; \
+		took=$$(( $$(date +%s) - start )); \
+		echo "make test: $$( [ $$status = 0 ] && echo passed || echo FAILED ) in $$((took / 60)) min $$((took % 60)) s (wall)"; \
+		exit $$status
+
+test-steps: install system-deps prometheus real-env check
 	$(VENV)/bin/pytest $(PARALLEL)
 	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-container
