@@ -23,6 +23,7 @@ NATIVE = [
     "backends/base.py",
     "backends/chat_templates.py",
     "backends/openai_compat.py",
+    "backends/ranks.py",
     "backends/sglang.py",
     "backends/trtllm.py",
     "backends/vllm.py",

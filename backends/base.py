@@ -48,6 +48,9 @@ class Load:
     # Cumulative token counters (for rate-based hit ratios); None when not exposed.
     prefix_queries_total: float | None = None
     prefix_hits_total: float | None = None
+    # each data-parallel rank's own running/waiting/kv_usage, by rank (vLLM's `engine` label,
+    # SGLang's `dp_rank`); empty when the engine reports one set (no DP, or DP it does not break down)
+    per_rank: tuple[Load, ...] = ()
 
 
 @dataclass(slots=True, unsafe_hash=True)

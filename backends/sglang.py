@@ -5,7 +5,8 @@ answers 503, hence the long readiness timeout. Metrics need `--enable-metrics`.
 
 Scheduler gauges are published per rank. Ranks of one data-parallel group (tp/pp/ep) report the same
 scheduler state, so within a `dp_rank` the maximum is taken, and across DP groups queues are summed
-while fractions are averaged.
+while fractions are averaged; each DP group's own figures are kept in `Load.per_rank` (by `dp_rank`,
+which SGLang adds to the scheduler's labels when it runs data-parallel).
 """
 
 from __future__ import annotations
@@ -31,6 +32,23 @@ def _sum(values: list[float]) -> float | None:
 
 def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
+
+
+def _per_rank(m: prom.Scrape) -> tuple[Load, ...]:
+    """Each DP rank's running, queued and KV usage (the maximum over the rank's tp/pp/ep ranks);
+    empty without `dp_rank` labels of two ranks or more."""
+    by: dict[int, dict[str, float]] = {}
+    for field, name in (("running", "sglang:num_running_reqs"), ("waiting", "sglang:num_queue_reqs"),
+                        ("kv_usage", "sglang:token_usage")):
+        for s in m.select(name):
+            rank = prom.to_int(s.labels.get("dp_rank"))
+            if rank is not None and 0 <= rank < 1024:
+                values = by.setdefault(rank, {})
+                values[field] = max(values.get(field, s.value), s.value)
+    if len(by) < 2:
+        return ()
+    return tuple(Load(running=by.get(r, {}).get("running"), waiting=by.get(r, {}).get("waiting"),
+                      kv_usage=by.get(r, {}).get("kv_usage")) for r in range(max(by) + 1))
 
 
 class SGLangAdapter(OpenAICompatAdapter):
@@ -66,4 +84,5 @@ class SGLangAdapter(OpenAICompatAdapter):
             block_size=prom.to_int(max(page_sizes)) if page_sizes else 1,
             prefix_queries_total=queries if hits is not None else None,
             prefix_hits_total=hits if queries is not None else None,
+            per_rank=_per_rank(m),
         )

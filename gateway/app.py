@@ -45,6 +45,7 @@ from .kvcache.collector import KvCollector
 from .kvcache.intake import backend_headers
 from .observability.metrics import Recorder
 from .observability.process import SelfHealth
+from .observability.ranks import RankMetrics
 from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
 from .proxy.service import Proxy, proxy_of
@@ -162,7 +163,9 @@ async def build(
     splits = Splits()  # so do live A/B weights, while a route's split stays as configured
     owners = ResponseOwners()  # and which backend stores which response
     arms = observability.ArmMetrics(registry)
-    recorder = Recorder(registry, LivePool(generations), clock=clock, observers=[stats.record, arms.record])
+    ranks = RankMetrics(registry, LivePool(generations))  # per data-parallel rank (`observability/ranks.py`)
+    recorder = Recorder(registry, LivePool(generations), clock=clock,
+                        observers=[stats.record, arms.record, ranks.record])
     # a worker leases from its supervisor's buckets (`cluster.hub_limits`); with `state`, from Redis first
     limiter: Limiter = LocalLimiter(KeyLimiter(clock)) if link is None else link.limiter(clock)
     shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None, clock=clock)

@@ -14,6 +14,7 @@ from backends.base import Runtime
 from backends.capabilities import EMBEDDING_DEFAULTS, POSSIBLE, Feature
 
 from .discovery.config import DiscoveryEntry, duplicate_entry_names
+from .rank_settings import MAX_RANKS, check_ranks, kv_ranks_default
 
 PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
 _NAME = r"^[A-Za-z0-9_.:-]+$"
@@ -63,7 +64,8 @@ class KvEvents(_Strict):
     bind: bool = False
     # the engine's replay ROUTER socket (`replay_endpoint`), to fill sequence gaps without a rebuild
     replay_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://.+")] | None = None
-    # data-parallel ranks publish on endpoint port + rank (vLLM's and SGLang's convention)
+    # data-parallel ranks publish on endpoint port + rank (vLLM's and SGLang's convention); default:
+    # the backend's `data_parallel_size`
     data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     # no batch this long after a response showed the engine stored blocks: the source is silent (reported)
     silent_after_s: Annotated[float, Field(gt=0)] = 5.0
@@ -114,6 +116,21 @@ class Backend(_Strict):
     capabilities: Capabilities = Capabilities()
     # The model's context length, when the backend's own /v1/models does not report it (Triton).
     max_model_len: Annotated[int, Field(ge=1)] | None = None
+    # One server with this many data-parallel (attention-DP) ranks: each rank is a routing unit and
+    # every request is pinned to one (`gateway/ranks.py`); 1 is never pinned.
+    data_parallel_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
+    # SGLang only: the body field that pins a rank (`data_parallel_rank` before SGLang's rename, PR #19268)
+    dp_rank_field: Literal["routed_dp_rank", "data_parallel_rank"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kv_ranks_default(cls, data: object) -> object:
+        return kv_ranks_default(data)
+
+    @model_validator(mode="after")
+    def _ranks_fit_the_runtime(self) -> Backend:
+        check_ranks(self)
+        return self
 
     @model_validator(mode="after")
     def _possible_capabilities(self) -> Backend:

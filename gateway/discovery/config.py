@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from backends.base import Runtime
 
+from ..rank_settings import MAX_RANKS, check_ranks
 from .hysteresis import LITERAL, Hold
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -159,11 +160,15 @@ class DiscoveryEntry(_Strict):
     remember_s: Annotated[float, Field(ge=0)] = 3600.0
     dns: DnsDiscovery | None = None
     kubernetes: KubernetesDiscovery | None = None
+    # every discovered backend is one server with this many data-parallel ranks (`Backend.data_parallel_size`)
+    data_parallel_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
+    dp_rank_field: Literal["routed_dp_rank", "data_parallel_rank"] | None = None  # SGLang only
 
     @model_validator(mode="after")
     def _one_source(self) -> DiscoveryEntry:
         if (self.dns is None) == (self.kubernetes is None):
             raise ValueError("give exactly one of `dns` and `kubernetes`")
+        check_ranks(self)
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ValueError("give at most one of `api_key_env` and `api_key_file`")
         return self

@@ -61,6 +61,10 @@ def discovered(entry: DiscoveryEntry, endpoint: Endpoint) -> DiscoveredBackend:
         fields["api_key_env"] = entry.api_key_env
     if entry.api_key_file is not None:
         fields["api_key_file"] = entry.api_key_file
+    if entry.data_parallel_size > 1:
+        fields["data_parallel_size"] = entry.data_parallel_size
+    if entry.dp_rank_field is not None:
+        fields["dp_rank_field"] = entry.dp_rank_field
     return DiscoveredBackend(
         source=entry.name,
         endpoint=endpoint,

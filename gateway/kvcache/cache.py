@@ -25,8 +25,10 @@ engine restarted meanwhile (its new sequence passed the old number), which is a 
 publisher is silent when a response shows the engine stored new blocks and no batch arrived within
 `silent_after_s` of it.
 
-Data-parallel ranks have their own sequences and indexes; a backend's hit is its best rank's (the
-engine's DP balancer decides which rank serves a request, by load). Time arrives as arguments.
+Data-parallel ranks have their own sequences and indexes. A request pinned to a rank (the backend's
+`data_parallel_size` makes its ranks routing units) is predicted from that rank's index, and the
+engine's report confirms that rank's blocks only; an unpinned request's hit is the best rank's (the
+engine's DP balancer decides which rank serves it). Time arrives as arguments.
 """
 
 from __future__ import annotations
@@ -309,6 +311,12 @@ class BackendCache:
                 best = hit
         return best
 
+    def match_rank(self, prompt: TokenPrompt, rank: int) -> int:
+        """Expected cached tokens on data-parallel `rank` (0 for a rank that never published: its
+        cache has held nothing since the engine started, or the gateway has not heard it yet)."""
+        r = self.ranks.get(rank)
+        return 0 if r is None else r.index.match(prompt)
+
     @property
     def block_size(self) -> int | None:
         for r in self.ranks.values():
@@ -317,9 +325,10 @@ class BackendCache:
         return None
 
     def observe(self, prompt: TokenPrompt | None, *, predicted: int | None, cached_tokens: int | None,
-                prompt_tokens: int | None, counter_at_dispatch: int, now: float) -> None:
+                prompt_tokens: int | None, counter_at_dispatch: int, now: float, rank: int | None = None) -> None:
         """A response's usage, for the prediction `predicted` made at dispatch (None when this
-        backend had no index then): verification, rebuilding and silence evidence."""
+        backend had no index then): verification, rebuilding and silence evidence. With `rank` (the
+        request was pinned to it) only that rank's index is confirmed or corrected."""
         if cached_tokens is None:
             return
         if predicted is not None and self.live:
@@ -332,11 +341,12 @@ class BackendCache:
             self._awaiting = now  # the engine stored blocks for this request; its batch should follow
         if prompt is None or predicted is None:
             return
+        served = self.ranks.values() if rank is None else [r for k, r in self.ranks.items() if k == rank]
         if cached_tokens > predicted:
-            for r in self.ranks.values():
+            for r in served:
                 r.index.confirm(prompt, cached_tokens)
         elif cached_tokens < predicted:
-            for r in self.ranks.values():
+            for r in served:
                 r.index.unconfirm(prompt, cached_tokens)
         if self.state is State.REBUILDING:
             self._streak = self._streak + 1 if predicted == cached_tokens else 0

@@ -48,25 +48,29 @@ class KvCaches:
     # --- routing --------------------------------------------------------------------------
 
     def overlay(self, prompt: TokenPrompt, views: Sequence[BackendView], hits: list[int]) -> None:
+        """A view of a data-parallel rank (`view.rank`) is matched against that rank's index only;
+        a whole backend against its best rank's."""
         get = self._caches.get
         live = State.LIVE
         for i, view in enumerate(views):
-            cache = get(view.name)
+            cache = get(view.backend)
             if cache is not None and cache.state is live:
-                hits[i] = cache.match(prompt)
+                rank = view.rank
+                hits[i] = cache.match(prompt) if rank is None else cache.match_rank(prompt, rank)
 
-    def predict(self, backend: str, prompt: TokenPrompt) -> tuple[int | None, bool, int]:
+    def predict(self, backend: str, prompt: TokenPrompt, rank: int | None = None) -> tuple[int | None, bool, int]:
         cache = self._caches.get(backend)
         if cache is None:
             return None, False, 0
-        return cache.match(prompt), cache.live, cache.counter
+        hit = cache.match(prompt) if rank is None else cache.match_rank(prompt, rank)
+        return hit, cache.live, cache.counter
 
     def observe(self, backend: str, prompt: TokenPrompt | None, *, predicted: int | None,
-                cached_tokens: int | None, prompt_tokens: int | None, counter: int) -> None:
+                cached_tokens: int | None, prompt_tokens: int | None, counter: int, rank: int | None = None) -> None:
         cache = self._caches.get(backend)
         if cache is not None:
             cache.observe(prompt, predicted=predicted, cached_tokens=cached_tokens, prompt_tokens=prompt_tokens,
-                          counter_at_dispatch=counter, now=self.clock())
+                          counter_at_dispatch=counter, now=self.clock(), rank=rank)
 
     def prepare(self, prompt: TokenPrompt, backends: Sequence[str]) -> None:
         sizes = set()

@@ -145,13 +145,14 @@ class Outcome:
     expected_cached_tokens: Final[int | None]
     prediction: Final[str | None]
     endpoint: Final[str]  # `backends.base.Endpoint`: chat, completions, responses, embeddings, tokenize, ...
+    rank: Final[int | None]  # the backend's data-parallel rank it was pinned to (None: not pinned)
 
     def __init__(
         self, backend: str, runtime: str, model: str, status: str, duration_s: float,
         usage: Usage | None = None, ttft_s: float | None = None, gaps: Gaps | None = None, reason: str = NONE,
         arm: str | None = None, sla: str | None = None, finished_at: float = 0.0, usage_estimated: bool = False,
         generation_s: float | None = None, expected_cached_tokens: int | None = None, prediction: str | None = None,
-        endpoint: str = "chat",
+        endpoint: str = "chat", rank: int | None = None,
     ) -> None:
         self.backend = backend
         self.runtime = runtime
@@ -170,3 +171,4 @@ class Outcome:
         self.expected_cached_tokens = expected_cached_tokens
         self.prediction = prediction
         self.endpoint = endpoint
+        self.rank = rank

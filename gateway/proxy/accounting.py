@@ -55,7 +55,7 @@ class Accounting:
             log.warning("backend %s ejected for %.0f s: %s (last error: %s)", state.name, verdict.eject_for_s,
                         verdict.reason, detail)
             self._recorder.ejected(state.name, state.runtime)
-            self._routing.forget(state.name)  # whatever it cached may be gone by the time it returns
+            self._routing.forget(state.name, state.units)  # what it cached may be gone by the time it returns
         elif verdict.spared:
             log.warning("backend %s not ejected: %s", state.name, verdict.reason)  # "..., but route `m` would ..."
             self._recorder.ejection_spared(state.name, state.runtime)
@@ -119,6 +119,7 @@ class Accounting:
             expected_cached_tokens=expected,
             prediction=prediction,
             endpoint=ex.endpoint.value,
+            rank=ex.rank if state is not None else None,
         )
         self._recorder.record(outcome)
         if ex.key is not None and self._charge_key is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from backends.base import Adapter, TranslationError
+from backends.ranks import pinned
 from backends.responses_bridge import ResponsesBridge
 
 from ..client import (
@@ -71,12 +72,21 @@ class Opened:
     resp: Final[UpstreamResponse]
     first: Final[bytes]  # streams: the first bytes read; non-streams: the whole body
     adapter: Final[Adapter]  # what built the request and reads the answer (the backend's, or the Responses bridge)
+    rank: Final[int | None]  # the data-parallel rank it was pinned to
 
-    def __init__(self, state: BackendState, resp: UpstreamResponse, first: bytes, adapter: Adapter) -> None:
+    def __init__(self, state: BackendState, resp: UpstreamResponse, first: bytes, adapter: Adapter,
+                 rank: int | None = None) -> None:
         self.state = state
         self.resp = resp
         self.first = first
         self.adapter = adapter
+        self.rank = rank
+
+    def release(self) -> None:
+        """The response is over: it no longer counts in its backend's (and rank's) in-flight requests."""
+        self.state.in_flight -= 1
+        if self.rank is not None:
+            self.state.rank_in_flight[self.rank] -= 1
 
 
 class map_client_errors:  # used like a function; a class builds no generator per request
@@ -194,10 +204,11 @@ class Attempts:
                 retry_after_s=retry_after,
             )
         ex.decision = decision
-        ex.tried.add(decision.backend)
-        view = next(v for v in snapshot.backends if v.name == decision.backend)
+        view = next(v for v in snapshot.backends if v.name == decision.backend)  # a backend, or one rank of one
+        ex.tried.add(view.backend)
         ex.ticket = self._routing.dispatched(view, ex.features)
-        ex.last = self._pool[decision.backend]
+        ex.rank = view.rank
+        ex.last = self._pool[view.backend]
         return ex.last
 
     async def _attempt(self, state: BackendState, ex: Exchange) -> Opened:
@@ -207,7 +218,10 @@ class Attempts:
         ex.upstream_id = new_request_id()  # the engine's request id is ours: never the client's
         ex.engine_worked = False
         resp: UpstreamResponse | None = None
+        rank = ex.rank
         state.in_flight += 1
+        if rank is not None:
+            state.rank_in_flight[rank] += 1
         ex.sent_at = self._clock()
         adapter: Adapter = ResponsesBridge(state.adapter) if state.name in ex.bridged else state.adapter
         try:
@@ -216,6 +230,9 @@ class Attempts:
                                                  request_id=ex.upstream_id)
             except TranslationError as untranslatable:
                 raise InvalidRequest(str(untranslatable)) from untranslatable
+            pin = state.pin
+            if rank is not None and pin is not None:
+                upstream = pinned(upstream, pin, rank)
             deadline = self._deadlines.after(self._timeouts.first_token_s if stream else self._timeouts.total_s)
             with map_client_errors(state.name), deadline:
                 resp = await self._upstream.request(
@@ -229,6 +246,8 @@ class Attempts:
             if resp is not None:
                 resp.close()
             state.in_flight -= 1
+            if rank is not None:
+                state.rank_in_flight[rank] -= 1
             reached = not isinstance(failure, BackendConnectError | BackendOverloaded | GatewayError)
             ex.engine_worked = ex.engine_worked or (reached and not isinstance(failure, BackendConnectError))
             assert ex.ticket is not None
@@ -242,7 +261,7 @@ class Attempts:
             raise
         if stream and ex.ticket is not None:
             self._routing.first_token(ex.ticket, self._clock() - ex.sent_at)
-        return Opened(state, resp, first, adapter)
+        return Opened(state, resp, first, adapter, rank)
 
     def _upstream_error(self, state: BackendState, status: int, body: bytes, ex: Exchange) -> None:
         error = state.adapter.normalise_error(status, body)

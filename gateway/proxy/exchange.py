@@ -66,6 +66,7 @@ class Exchange:
     error: BackendError | None  # the latest failed attempt's error
     decision: Decision | None
     ticket: Ticket | None  # the routing ticket of the attempt that got a response
+    rank: int | None  # the data-parallel rank the latest attempt was pinned to (None: not pinned)
     sent_at: float
     engine_worked: bool  # the latest attempt reached an engine that may have generated
     usage: Usage | None  # the engine's usage (non-streaming responses)
@@ -102,6 +103,7 @@ class Exchange:
         self.error = None
         self.decision = None
         self.ticket = None
+        self.rank = None
         self.sent_at = 0.0
         self.engine_worked = False
         self.usage = None

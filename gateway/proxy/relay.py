@@ -39,6 +39,8 @@ def response_headers(state: BackendState, ex: Exchange, content_type: str) -> di
     }
     if ex.arm is not None:
         headers["x-gateway-arm"] = ex.arm
+    if ex.rank is not None:  # the data-parallel rank of the backend it was pinned to
+        headers["x-gateway-data-parallel-rank"] = str(ex.rank)
     if ex.ticket is not None:  # what routing expected the engine to serve from its prefix cache
         headers["x-gateway-expected-cached-tokens"] = str(ex.ticket.expected_tokens)
     if ex.rate_headers:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from backends.base import ClientRequest, Endpoint
+from backends.ranks import strip_client_ranks
 
 from .. import json_codec
 from ..errors import InvalidRequest
@@ -66,6 +67,7 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, created: int = 0) -> Parsed
         raise InvalidRequest(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request body must be a JSON object")
+    strip_client_ranks(body)  # a data-parallel rank is the gateway's to choose (`backends/ranks.py`)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")

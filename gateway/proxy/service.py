@@ -180,7 +180,7 @@ class Proxy:
                 self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
         finally:
             opened.resp.close()
-            opened.state.in_flight -= 1
+            opened.release()
 
     def _candidates(self, route: RouteState, ex: Exchange, headers: Mapping[str, str]) -> list[str]:
         """The backends this request may use: the route's, or its A/B arm's (chosen once)."""

@@ -87,7 +87,7 @@ class Shadows:
                     body = opened.first + (await opened.resp.read() if parsed.request.stream else b"")
                 finally:
                     opened.resp.close()
-                    opened.state.in_flight -= 1
+                    opened.release()
             status = str(opened.resp.status)
             state = opened.state
             if not parsed.request.stream:

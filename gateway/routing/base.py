@@ -95,9 +95,22 @@ class RequestFeatures:
 NO_FEATURES: Final = RequestFeatures()
 
 
+def unit_name(backend: str, rank: int) -> str:
+    """The routing unit of a data-parallel rank: `<backend>@<rank>` (no backend name has an `@`)."""
+    return f"{backend}@{rank}"
+
+
+def unit_backend(unit: str) -> str:
+    """The backend of a routing unit (the unit itself when it is a whole backend)."""
+    return unit.partition("@")[0]
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class BackendView:
-    """What a policy may know about one backend, frozen at snapshot time."""
+    """What a policy may know about one routing unit, frozen at snapshot time: a backend, or one
+    data-parallel rank of a backend (then `name` is the unit's, `unit_name(backend, rank)`, and the
+    load fields are the rank's; health is the backend's). Policies choose by `name` and need not
+    know which: prefix memory, latency models and rendezvous scores are all per unit."""
 
     name: Final[str]
     runtime: Final[Runtime]
@@ -109,13 +122,17 @@ class BackendView:
     usd_per_hour: Final[float | None]
     block_size: Final[int | None]  # engine-reported prefix-cache granularity (tokens); None = unknown
     output_tokens_per_s: Final[float | None]  # best recent measured decode throughput; None = unknown
+    backend: Final[str]  # the server: `name` itself, or the backend a data-parallel rank belongs to
+    rank: Final[int | None]  # the data-parallel rank this unit pins requests to; None: not pinned
 
     def __init__(
         self, name: str, runtime: Runtime, healthy: bool, in_flight: int, waiting: float | None,
         running: float | None, kv_usage: float | None, usd_per_hour: float | None, block_size: int | None = None,
-        output_tokens_per_s: float | None = None,
+        output_tokens_per_s: float | None = None, backend: str | None = None, rank: int | None = None,
     ) -> None:
         self.name = name
+        self.backend = name if backend is None else backend
+        self.rank = rank
         self.runtime = runtime
         self.healthy = healthy
         self.in_flight = in_flight
@@ -193,11 +210,12 @@ class Snapshot:
         self.latency = latency
 
     def healthy(self, exclude: frozenset[str] = frozenset()) -> tuple[BackendView, ...]:
-        """The candidates: healthy and not excluded, in config order (`backends` itself when that
-        is all of them, so callers can recognise the unfiltered set by identity)."""
+        """The candidates: healthy and not excluded (`exclude` names backends: a tried backend's
+        ranks are all excluded), in config order (`backends` itself when that is all of them, so
+        callers can recognise the unfiltered set by identity)."""
         backends = self.backends
         if exclude:
-            out = [b for b in backends if b.healthy and b.name not in exclude]
+            out = [b for b in backends if b.healthy and b.backend not in exclude]
         else:
             out = [b for b in backends if b.healthy]
         return backends if len(out) == len(backends) else tuple(out)
@@ -212,7 +230,7 @@ class RouteRequest:
 
     model: Final[str]
     seq: Final[int]  # a per-route request counter, so round robin stays a pure function
-    exclude: Final[frozenset[str]]  # backends already tried for this request
+    exclude: Final[frozenset[str]]  # backends (servers, not ranks) already tried for this request
     features: Final[RequestFeatures]  # from `describe`, once per request
 
     def __init__(self, model: str, seq: int, exclude: frozenset[str] = _NONE_TRIED,

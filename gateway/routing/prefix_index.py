@@ -211,6 +211,10 @@ class PrefixIndex:
         """The backend restarted or was ejected: its cache is gone."""
         self._held.pop(backend, None)
 
+    def backends(self) -> list[str]:
+        """Every name something is held for (backends, and data-parallel ranks' units)."""
+        return list(self._held)
+
     def retain(self, backends: Iterable[str]) -> None:
         """Drop every backend not in `backends` (after a config reload)."""
         keep = set(backends)

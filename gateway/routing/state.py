@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from .base import CHARS_PER_TOKEN, BackendView, EngineCaches, RequestFeatures, Snapshot
+from .base import CHARS_PER_TOKEN, BackendView, EngineCaches, RequestFeatures, Snapshot, unit_backend
 from .latency import LatencyEstimator, LatencyModel
 from .prefix_index import DEFAULT_CAPACITY, PrefixIndex, Sent
 from .tokens import TokenPrompt
@@ -30,14 +30,15 @@ APPROXIMATE: Final = "approximate"
 class EngineFeedback(EngineCaches, Protocol):
     """What the routing memory asks of the engines' caches around one request."""
 
-    def predict(self, backend: str, prompt: TokenPrompt) -> tuple[int | None, bool, int]:
-        """(the backend's event-built index's expected cached tokens, None when it has none;
-        whether that index is live; the backend's event counter, for silence evidence)."""
+    def predict(self, backend: str, prompt: TokenPrompt, rank: int | None) -> tuple[int | None, bool, int]:
+        """(the backend's event-built index's expected cached tokens, of data-parallel `rank` when
+        the request is pinned to one, else its best rank's; None when it has none; whether that
+        index is live; the backend's event counter, for silence evidence)."""
         ...
 
     def observe(self, backend: str, prompt: TokenPrompt | None, *, predicted: int | None,
-                cached_tokens: int | None, prompt_tokens: int | None, counter: int) -> None:
-        """The engine's usage for a request predicted at dispatch."""
+                cached_tokens: int | None, prompt_tokens: int | None, counter: int, rank: int | None) -> None:
+        """The engine's usage for a request predicted at dispatch (served by `rank`, when pinned)."""
         ...
 
     def prepare(self, prompt: TokenPrompt, backends: Sequence[str]) -> None:
@@ -60,12 +61,16 @@ class Ticket:
     exact_tokens: Final[int | None]  # the event-built index's prediction, live or not
     prompt: Final[TokenPrompt | None]
     counter: Final[int]
+    server: Final[str]  # the backend (`sent.backend` is the routing unit: the backend or one of its ranks)
+    rank: Final[int | None]  # the data-parallel rank the request was pinned to
 
     def __init__(  # written out, so the compiled build compiles it (`backends/values.py`)
         self, sent: Sent, uncached_tokens: float, ahead_tokens: float, running: float, prefilled: bool = False,
         expected_tokens: int = 0, source: str = APPROXIMATE, exact_tokens: int | None = None,
-        prompt: TokenPrompt | None = None, counter: int = 0,
+        prompt: TokenPrompt | None = None, counter: int = 0, server: str | None = None, rank: int | None = None,
     ) -> None:
+        self.server = sent.backend if server is None else server
+        self.rank = rank
         self.sent = sent
         self.uncached_tokens = uncached_tokens
         self.ahead_tokens = ahead_tokens
@@ -221,7 +226,7 @@ class RoutingState:
         source, exact, counter = APPROXIMATE, None, 0
         tokens = features.tokens
         if tokens is not None and self.engines is not None:
-            exact, live, counter = self.engines.predict(view.name, tokens)
+            exact, live, counter = self.engines.predict(view.backend, tokens, view.rank)
             if live and exact is not None:
                 expected, source = exact, EXACT
         uncached = float(max(features.prompt_tokens - expected, 0))
@@ -229,7 +234,7 @@ class RoutingState:
         self._publish(view.name)
         running = view.running if view.running is not None else float(view.in_flight)
         return Ticket(sent, uncached, ahead, running, expected_tokens=expected, source=source, exact_tokens=exact,
-                      prompt=tokens, counter=counter)
+                      prompt=tokens, counter=counter, server=view.backend, rank=view.rank)
 
     def first_token(self, ticket: Ticket, ttft_s: float | None) -> None:
         """The first token arrived after `ttft_s` (None when unmeasured, e.g. non-streaming)."""
@@ -254,8 +259,9 @@ class RoutingState:
         self.first_token(ticket, None)
         self.index.observe(ticket.sent, cached_tokens=cached_tokens, prompt_tokens=prompt_tokens)
         if self.engines is not None and ticket.prompt is not None:
-            self.engines.observe(ticket.backend, ticket.prompt, predicted=ticket.exact_tokens,
-                                 cached_tokens=cached_tokens, prompt_tokens=prompt_tokens, counter=ticket.counter)
+            self.engines.observe(ticket.server, ticket.prompt, predicted=ticket.exact_tokens,
+                                 cached_tokens=cached_tokens, prompt_tokens=prompt_tokens, counter=ticket.counter,
+                                 rank=ticket.rank)
         if itl_s is not None:
             self.observe(ticket.backend, running=ticket.running + 1, itl_s=itl_s)
 
@@ -266,12 +272,17 @@ class RoutingState:
         if not reached_engine:
             self.index.abandon(ticket.sent)
 
-    def forget(self, backend: str) -> None:
-        """The backend restarted or was ejected: its cache is gone (latency knowledge is kept)."""
+    def forget(self, backend: str, units: Iterable[str] = ()) -> None:
+        """The backend restarted or was ejected: its cache is gone, on every data-parallel rank
+        (`units`) too (latency knowledge is kept)."""
         self.index.forget(backend)
+        for unit in units:
+            self.index.forget(unit)
 
     def retain(self, backends: Iterable[str]) -> None:
+        """Keep what is known of `backends` (and of their data-parallel ranks' units) only."""
         keep = set(backends)
+        keep.update(n for n in [*self.index.backends(), *self._estimators] if unit_backend(n) in keep)
         self.index.retain(keep)
         for name in [n for n in self._estimators if n not in keep]:
             del self._estimators[name]

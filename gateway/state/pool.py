@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from backends.base import Adapter, Load
+from backends.ranks import RankPin, rank_pin
 
-from ..routing.base import BackendView, Snapshot
+from ..routing.base import BackendView, Snapshot, unit_name
 from ..settings import Backend, Route
 from .outliers import KEEP, OutlierRules, Record, Verdict, eject, fault, may_eject, readmit
 
@@ -76,11 +77,20 @@ class BackendState:
     name: str = field(init=False)  # the config's, read once: the request path reads these on every request
     runtime: str = field(init=False)
     base_url: str = field(init=False)
+    # data-parallel ranks (`Backend.data_parallel_size`): each is a routing unit with its own name
+    # (`units`) and in-flight count; a backend of one rank has neither (it is its own unit)
+    units: tuple[str, ...] = field(init=False)
+    rank_in_flight: list[int] = field(init=False)
+    pin: RankPin | None = field(init=False)  # how a request is pinned to one of the ranks
 
     def __post_init__(self) -> None:
         self.name = self.config.name
         self.runtime = self.config.runtime.value
         self.base_url = self.config.base_url
+        size = self.config.data_parallel_size
+        self.units = tuple(unit_name(self.name, r) for r in range(size)) if size > 1 else ()
+        self.rank_in_flight = [0] * len(self.units)
+        self.pin = rank_pin(self.config.runtime, self.config.dp_rank_field) if self.units else None
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +103,25 @@ class BackendState:
     @property
     def ejected_until(self) -> float | None:
         return self.outliers.ejected_until
+
+    def rank_views(self, output_tokens_per_s: float | None = None) -> list[BackendView]:
+        """One view per data-parallel rank: the rank's load where the engine breaks it down (else
+        unknown), the backend's health, its price and measured throughput shared evenly."""
+        load = self.load
+        per_rank = load.per_rank
+        n = len(self.units)
+        price = self.config.usd_per_hour
+        share = None if price is None else price / n
+        tps = None if output_tokens_per_s is None else output_tokens_per_s / n
+        healthy = self.healthy
+        runtime = self.config.runtime
+        out = []
+        for r, unit in enumerate(self.units):
+            rl = per_rank[r] if r < len(per_rank) else _UNKNOWN
+            out.append(BackendView(unit, runtime, healthy, self.rank_in_flight[r], rl.waiting, rl.running, rl.kv_usage,
+                                   share, block_size=load.block_size, output_tokens_per_s=tps, backend=self.name,
+                                   rank=r))
+        return out
 
     def view(self, output_tokens_per_s: float | None = None) -> BackendView:
         load = self.load
@@ -108,6 +137,23 @@ class BackendState:
             block_size=load.block_size,
             output_tokens_per_s=output_tokens_per_s,
         )
+
+
+_UNKNOWN: Final = Load()
+
+
+def _unit_views(states: dict[str, BackendState], names: Iterable[str],
+                throughput: Callable[[str], float | None] | None) -> tuple[BackendView, ...]:
+    """The routing units of `names`: a backend's own view, or one view per data-parallel rank."""
+    out: list[BackendView] = []
+    for n in names:
+        s = states[n]
+        tps = throughput(n) if throughput is not None else None
+        if s.units:
+            out.extend(s.rank_views(tps))
+        else:
+            out.append(s.view(tps))
+    return tuple(out)
 
 
 class Pool:
@@ -133,6 +179,7 @@ class Pool:
             if s.source in self._groups and not s.draining:
                 self._groups[s.source].append(s.name)
         self._expanded: dict[tuple[str, ...], list[str]] = {}
+        self._wide = any(s.units for s in self._states.values())  # some backend has data-parallel ranks
 
     def __getitem__(self, name: str) -> BackendState:
         return self._states[name]
@@ -146,6 +193,8 @@ class Pool:
     def snapshot(self, names: Iterable[str], throughput: Callable[[str], float | None] | None = None) -> Snapshot:
         """Frozen views of `names`; `throughput(name)` supplies measured output tokens/s (for cost)."""
         states = self._states
+        if self._wide:
+            return Snapshot(_unit_views(states, names, throughput))
         if throughput is None:
             return Snapshot(tuple(states[n].view() for n in names))
         return Snapshot(tuple(states[n].view(throughput(n)) for n in names))
@@ -194,6 +243,7 @@ class Pool:
             state = existing
         else:
             self._states[state.name] = state
+            self._wide = self._wide or bool(state.units)
         group.append(state.name)
         self._expanded.clear()
         return state

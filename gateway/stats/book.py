@@ -1,7 +1,8 @@
 """The stats book: every finished request, filed into the groups the comparison reports on.
 
-Groups are fixed by the config (each backend, each runtime, each A/B arm of each split route, and
-the whole gateway), so label-like cardinality and memory are bounded no matter what clients send.
+Groups are fixed by the config (each backend, each data-parallel rank of a backend that has ranks,
+each runtime, each A/B arm of each split route, and the whole gateway), so label-like cardinality
+and memory are bounded no matter what clients send.
 Embedding models are not generation: the backends of `embeddings` routes have their own runtime
 groups (`vllm/embeddings`, ...) and stay out of the whole gateway's figures, and tokenize requests
 are not filed at all (they run no engine work worth comparing).
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from ..observability.outcome import NONE, Outcome
+from ..routing.base import unit_name
 from ..settings import Backend, Settings
 from .window import Sample, Series
 
@@ -37,7 +39,7 @@ def runtime_group(runtime: str, embeddings: bool) -> str:
 class Group:
     """What a group is (for reports and pricing) and its windows."""
 
-    kind: str  # "backend" | "runtime" | "arm" | "total"
+    kind: str  # "backend" | "rank" | "runtime" | "arm" | "total"
     name: str
     backends: tuple[str, ...]
     runtime: str | None
@@ -83,6 +85,7 @@ class StatsBook:
         self._rng = random.Random(seed)
         self._advanced_s: int | None = None  # the second the groups were last advanced to by `record`
         self.backends: dict[str, Group] = {}
+        self.ranks: dict[str, Group] = {}  # by unit name (`<backend>@<rank>`): a wide server's ranks
         self.absent: dict[str, Group] = {}  # backends that left, kept for their return (`reconfigure(keep=)`)
         self.runtimes: dict[str, Group] = {}
         self.arms: dict[tuple[str, str], Group] = {}
@@ -123,6 +126,14 @@ class StatsBook:
             backends_now[b.name] = (replace(old, task=task) if old is not None
                                     else self._group("backend", b.name, [b.name], b.runtime.value, task=task))
         self.backends = backends_now
+        ranks_now = {}
+        for b in listed:
+            for dp_rank in range(b.data_parallel_size if b.data_parallel_size > 1 else 0):
+                unit = unit_name(b.name, dp_rank)
+                old_rank = self.ranks.get(unit)
+                ranks_now[unit] = old_rank if old_rank is not None else self._group(
+                    "rank", unit, [b.name], b.runtime.value)
+        self.ranks = ranks_now
         self.absent = {n: g for n, g in known.items() if n in keep and n not in backends_now}
         members: dict[str, list[str]] = {}
         for b in listed:
@@ -166,6 +177,10 @@ class StatsBook:
         targets = [] if embeddings else [self.total]
         if o.backend != NONE and o.backend in self.backends:
             targets.append(self.backends[o.backend])
+            if o.rank is not None:
+                rank = self.ranks.get(unit_name(o.backend, o.rank))
+                if rank is not None:
+                    targets.append(rank)
             rt = self.runtimes.get(runtime_group(o.runtime, embeddings))
             if rt is not None:
                 targets.append(rt)
@@ -177,7 +192,8 @@ class StatsBook:
             g.series.add(sample)
 
     def all_groups(self) -> list[Group]:
-        return [*self.backends.values(), *self.runtimes.values(), *self.arms.values(), self.total]
+        return [*self.backends.values(), *self.ranks.values(), *self.runtimes.values(), *self.arms.values(),
+                self.total]
 
     def advance(self, now: float) -> None:
         for g in self.all_groups():

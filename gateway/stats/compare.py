@@ -58,6 +58,9 @@ class Comparer:
             "percentiles": "nearest-rank over retained samples (weighted by bucket when a bucket was sampled)",
             "total": row(book.total),
             "backends": [row(g, runtime=g.runtime, task=g.task) for g in book.backends.values()],
+            # a wide server's data-parallel ranks (its row in `backends` is the server as a whole)
+            "ranks": [row(g, backend=g.backends[0] if g.backends else None, rank=int(g.name.rpartition("@")[2]))
+                      for g in book.ranks.values()],
             "runtimes": [row(g, task=g.task) for g in book.runtimes.values()],
             "arms": [row(g, route=g.route, weight=book.weights(g.route or "").get(g.name))
                      for g in book.arms.values()],

@@ -90,7 +90,7 @@ def _group(g: Group, now: float, max_samples: int | None) -> dict[str, Any]:
 
 
 def _groups(book: BookView) -> list[Group]:
-    return [*book.backends.values(), *book.runtimes.values(), *book.arms.values(), book.total]
+    return [*book.backends.values(), *book.ranks.values(), *book.runtimes.values(), *book.arms.values(), book.total]
 
 
 def export_book(book: BookView, now: float, *, max_samples: int | None = None) -> Export:
@@ -232,6 +232,7 @@ class MergedBook:
     runtimes: dict[str, Group]
     arms: dict[tuple[str, str], Group]
     sources: int
+    ranks: dict[str, Group]
     _weights: dict[str, dict[str, float]]
 
     @property
@@ -289,6 +290,7 @@ def merge(exports: Iterable[Export], *, now: float, seed: int = 0) -> MergedBook
         runtimes={g.name: g for g in groups.values() if g.kind == "runtime"},
         arms={(g.route or "", g.name): g for g in groups.values() if g.kind == "arm"},
         sources=count,
+        ranks={g.name: g for g in groups.values() if g.kind == "rank"},
         _weights=weights,
     )
 

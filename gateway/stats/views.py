@@ -26,6 +26,9 @@ class BookView(Protocol):
     def backends(self) -> Mapping[str, Group]: ...
 
     @property
+    def ranks(self) -> Mapping[str, Group]: ...  # data-parallel ranks, by unit name (`<backend>@<rank>`)
+
+    @property
     def runtimes(self) -> Mapping[str, Group]: ...
 
     @property
