@@ -26,6 +26,16 @@ from backends.base import Runtime
 MAX_RANKS: Final = 64  # a bound on the `rank` label's values, and on the units one backend adds
 
 
+def unit_name(backend: str, rank: int) -> str:
+    """The routing unit of a data-parallel rank: `<backend>@<rank>` (no backend name has an `@`)."""
+    return f"{backend}@{rank}"
+
+
+def unit_backend(unit: str) -> str:
+    """The backend of a routing unit (the unit itself when it is a whole backend)."""
+    return unit.partition("@")[0]
+
+
 class _Ranked(Protocol):
     @property
     def runtime(self) -> Runtime: ...

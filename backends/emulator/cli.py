@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (--num-gpu-blocks-override)")
     p.add_argument("--embedding-dim", type=int, default=None,
                    help="serve an embedding model of this dimension (vLLM/SGLang/trtllm-serve /v1/embeddings)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="vLLM/SGLang: one server of N data-parallel engines (own caches, batches, KV events on "
+                        "port + rank, per-rank metrics); pinned by X-data-parallel-rank (vLLM) or routed_dp_rank "
+                        "(SGLang), else balanced as the engine does")
     k = p.add_argument_group("KV-cache events")
     k.add_argument("--kv-events", metavar="ENDPOINT", default=None,
                    help="publish KV-cache events: vLLM/SGLang a ZMQ endpoint (tcp://127.0.0.1:PORT connects, "
@@ -75,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     return EmulatorConfig(runtime=Runtime(args.runtime), model=args.model, profile=args.profile, speed=args.speed,
                           faults=faults, max_model_len=args.max_model_len, seed=args.seed, prefix_reuse=reuse,
                           block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                          embedding_dim=args.embedding_dim, kv_events=kv)
+                          embedding_dim=args.embedding_dim, kv_events=kv, data_parallel_size=args.data_parallel_size)
 
 
 async def _run(args: argparse.Namespace) -> int:

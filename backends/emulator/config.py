@@ -49,6 +49,9 @@ class EmulatorConfig:
     # An embedding model of this dimension (vLLM --runner pooling, SGLang --is-embedding).
     embedding_dim: int | None = None
     kv_events: KvEventsConfig | None = None
+    # vLLM and SGLang: one server of this many data-parallel engines (`dp.py`: per-rank caches,
+    # batching, KV events and metrics; the rank header/field; the runtime's own balancer)
+    data_parallel_size: int = 1
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from backends.emulator import tokenizer
 from backends.emulator.config import EmulatorConfig, EmulatorStats
+from backends.emulator.dp import RankEngine, RoundRobin, vllm_balance
 from backends.emulator.driver import EngineDriver, Handle, SubRequest
 from backends.emulator.engine import Finished, Snapshot, StepResult, TokenEvent
 from backends.emulator.faults import FaultGate
@@ -65,28 +66,31 @@ class StatsObserver:
 
 
 class KvEventsObserver:
-    """Publishes each engine step's KV-cache events as one batch, as vLLM's scheduler does."""
+    """Publishes each engine step's KV-cache events as one batch, as vLLM's scheduler does (one
+    observer per data-parallel rank, on that rank's publisher)."""
 
-    def __init__(self, ctx: FaceContext) -> None:
+    def __init__(self, ctx: FaceContext, rank: int = 0) -> None:
         self.ctx = ctx
+        self.rank = rank
 
     def on_step(self, step: StepResult, snap: Snapshot) -> None:
-        self.ctx.flush_kv_events()
+        self.ctx.flush_kv_events(self.rank)
 
     def on_finished(self, fin: Finished) -> None:
         return None
 
     def on_idle(self, snap: Snapshot) -> None:
-        self.ctx.flush_kv_events()
+        self.ctx.flush_kv_events(self.rank)
 
 
 class Generation:
     """One client request in the engine. Iterate `tokens()`; call `abort()` if the client goes away."""
 
-    def __init__(self, handle: Handle | None, plans: Sequence[OutputPlan], prompt_tokens: int) -> None:
+    def __init__(self, handle: Handle | None, plans: Sequence[OutputPlan], prompt_tokens: int, rank: int = 0) -> None:
         self._handle = handle
         self.plans = plans
         self.prompt_tokens = prompt_tokens
+        self.rank = rank  # the data-parallel rank (engine) serving it
         self.cached_tokens = 0
         self.finished: list[Finished | None] = [None] * len(plans)
 
@@ -135,12 +139,32 @@ class FaceContext:
         self.fingerprint_hash = uuid.UUID(int=random.Random(config.seed + 1).getrandbits(128)).hex[:8]
         self.kv_collector: EventCollector | None = None  # set when KV-cache events are published
         self.kv_publisher: KvPublisher | None = None
+        # the data-parallel ranks' engines (`dp.py`); one, `driver`'s, without data parallelism
+        self.ranks: list[RankEngine] = [RankEngine(0, driver)]
+        self._round_robin = RoundRobin()
+        self.pinned_requests = 0  # requests that named their rank (tests: a gateway pins, or never does)
 
-    def flush_kv_events(self) -> None:
-        """Publish what the cache reported since the last flush as one batch (once per engine step,
-        and after a cache reset outside any step)."""
-        if self.kv_collector is not None and self.kv_publisher is not None:
-            self.kv_publisher.publish(self.kv_collector.take())
+    @property
+    def data_parallel_size(self) -> int:
+        return len(self.ranks)
+
+    def choose_rank(self, rank: int | None = None, *, room: int | None = None) -> int:
+        """The engine for a request: the rank it names, else the runtime's own DP balancer."""
+        if rank is not None:
+            self.pinned_requests += 1
+            return rank
+        if len(self.ranks) == 1:
+            return 0
+        if self.config.runtime.value == "sglang":
+            return self._round_robin.choose(len(self.ranks), room)
+        return vllm_balance(self.ranks)
+
+    def flush_kv_events(self, rank: int = 0) -> None:
+        """Publish what rank `rank`'s cache reported since the last flush as one batch (once per
+        engine step, and after a cache reset outside any step)."""
+        r = self.ranks[rank]
+        if r.kv_collector is not None and r.kv_publisher is not None:
+            r.kv_publisher.publish(r.kv_collector.take())
 
     @property
     def model(self) -> str:
@@ -153,7 +177,16 @@ class FaceContext:
         return f"{self.rng.getrandbits(n * 4):0{n}x}"
 
     def snapshot(self) -> Snapshot:
-        return self.driver.engine.snapshot()
+        """The server's state: its one engine's, or every rank's added up."""
+        if len(self.ranks) == 1:
+            return self.driver.engine.snapshot()
+        snaps = [r.driver.engine.snapshot() for r in self.ranks]
+        return Snapshot(
+            running=sum(s.running for s in snaps), waiting=sum(s.waiting for s in snaps),
+            kv_used_blocks=sum(s.kv_used_blocks for s in snaps), kv_total_blocks=sum(s.kv_total_blocks for s in snaps),
+            block_size=snaps[0].block_size, waiting_uncached_tokens=sum(s.waiting_uncached_tokens for s in snaps),
+            cache_size_tokens=sum(s.cache_size_tokens for s in snaps),
+        )
 
     def plans(
         self, n: int, *, max_tokens: int | None, stop: Sequence[str] = (), text: str | None = None
@@ -166,15 +199,22 @@ class FaceContext:
             for _ in range(n)
         ]
 
-    def start(self, prompt: Sequence[int], plans: Sequence[OutputPlan], *, health: bool = False) -> Generation:
-        """Submit a request (one engine request per choice) unless the `hang` fault holds it back."""
+    def start(self, prompt: Sequence[int], plans: Sequence[OutputPlan], *, health: bool = False,
+              rank: int | None = None, room: int | None = None) -> Generation:
+        """Submit a request (one engine request per choice) unless the `hang` fault holds it back:
+        to data-parallel `rank` when it names one (validated by the face), else where the runtime's
+        balancer puts it (`room`: a P/D request's bootstrap room, which SGLang follows)."""
+        chosen = 0 if health else self.choose_rank(rank, room=room)
         if self.config.faults.hang:
-            return Generation(None, plans, len(prompt))
+            return Generation(None, plans, len(prompt), chosen)
         base = (HEALTH_PREFIX if health else "") + self.hex_id(16)
         subs = [
             SubRequest(f"{base}-{i}", prompt, len(p.token_ids), p.finish_reason) for i, p in enumerate(plans)
         ]
-        return Generation(self.driver.submit(subs), plans, len(prompt))
+        engine = self.ranks[chosen]
+        if not health:
+            engine.requests += len(subs)
+        return Generation(engine.driver.submit(subs), plans, len(prompt), chosen)
 
 
 def tokenize_prompt(prompt: object) -> list[int]:

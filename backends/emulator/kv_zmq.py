@@ -44,8 +44,10 @@ def binds(endpoint: str) -> bool:
 class ZmqKvPublisher:
     def __init__(
         self, cfg: KvEventsConfig, *, style: str, replay_with_topic: bool, clock: Callable[[], float] = time.time,
+        dp_rank: int = 0,
     ) -> None:
         self.cfg = cfg
+        self.dp_rank = dp_rank  # stamped in every batch (vLLM's `data_parallel_rank`, SGLang's `attn_dp_rank`)
         self.style = style
         self._replay_with_topic = replay_with_topic
         self._clock = clock
@@ -86,7 +88,7 @@ class ZmqKvPublisher:
         if not events:
             return
         seq, self.seq = self.seq, self.seq + 1
-        payload = encode_batch(self.style, self._clock(), events)
+        payload = encode_batch(self.style, self._clock(), events, self.dp_rank)
         self._buffer.append((seq, payload))
         limit = self.cfg.silent_after
         if self._silent or seq in self._drop or (limit is not None and seq >= limit):

@@ -16,6 +16,7 @@ from backends.base import Runtime
 from backends.emulator.block_hashes import python_hashes, trtllm_hashes, vllm_hashes
 from backends.emulator.config import EmulatorConfig, EmulatorStats
 from backends.emulator.context import FaceContext, KvEventsObserver, StatsObserver
+from backends.emulator.dp import RankEngine, offset_endpoint
 from backends.emulator.driver import EngineDriver, StepObserver
 from backends.emulator.engine import Engine, Snapshot
 from backends.emulator.faults import FaultGate
@@ -55,36 +56,37 @@ def _with_overrides(params: EngineParams, config: EmulatorConfig) -> EngineParam
 class _Faces:
     app: web.Application
     metrics_app: web.Application | None
-    observer: StepObserver
+    observers: list[StepObserver]  # the metrics observer of each data-parallel rank's engine
 
 
 def _build_face(runtime: Runtime, ctx: FaceContext) -> _Faces:
     # Imported here so each face module stays independent of the others.
+    size = ctx.data_parallel_size
     if runtime is Runtime.VLLM:
         from backends.emulator import vllm_face
         from backends.emulator.vllm_metrics import VllmMetrics
 
         vm = VllmMetrics(ctx.model, ctx.params, max_model_len=ctx.config.max_model_len,
-                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache))
-        return _Faces(vllm_face.build_app(ctx, vm), None, vm)
+                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size)
+        return _Faces(vllm_face.build_app(ctx, vm), None, [vm.engine(r) for r in range(size)])
     if runtime is Runtime.SGLANG:
         from backends.emulator import sglang_face
         from backends.emulator.sglang_metrics import SglangMetrics
 
-        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len)
-        return _Faces(sglang_face.build_app(ctx, sm), None, sm)
+        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size)
+        return _Faces(sglang_face.build_app(ctx, sm), None, [sm.rank(r) for r in range(size)])
     if runtime is Runtime.TRTLLM:
         from backends.emulator import trtllm_face
         from backends.emulator.trtllm_metrics import TrtllmMetrics
 
         tm = TrtllmMetrics(ctx.params)
-        return _Faces(trtllm_face.build_app(ctx, tm), None, tm)
+        return _Faces(trtllm_face.build_app(ctx, tm), None, [tm])
     from backends.emulator import triton_face
     from backends.emulator.triton_metrics import TritonMetrics
 
     xm = TritonMetrics(ctx.params)
     app, metrics_app = triton_face.build_apps(ctx, xm)
-    return _Faces(app, metrics_app, xm)
+    return _Faces(app, metrics_app, [xm])
 
 
 class RunningEmulator:
@@ -134,12 +136,21 @@ class RunningEmulator:
         """The KV-event publisher (test knobs: `drop_next()`, `silence()`), None when not configured."""
         return self.ctx.kv_publisher
 
+    def served_by_rank(self) -> list[int]:
+        """Engine requests each data-parallel rank was given (one entry without data parallelism)."""
+        return [r.requests for r in self.ctx.ranks]
+
     async def stop(self) -> None:
         for r in self._runners:
             await r.cleanup()
-        await self.ctx.driver.stop()
-        if isinstance(self.ctx.kv_publisher, ZmqKvPublisher):
-            await self.ctx.kv_publisher.close()
+        await _stop_ranks(self.ctx)
+
+
+async def _stop_ranks(ctx: FaceContext) -> None:
+    for rank in ctx.ranks:
+        await rank.driver.stop()
+        if isinstance(rank.kv_publisher, ZmqKvPublisher):
+            await rank.kv_publisher.close()
 
 
 SHUTDOWN_GRACE_S = 0.25
@@ -175,23 +186,34 @@ def build_context(config: EmulatorConfig, *, clock: Callable[[], float] | None =
     params = _with_overrides(params, config)
     if config.kv_events is not None and config.runtime is Runtime.TRITON:
         raise ValueError("the Triton face publishes no KV-cache events (its TensorRT-LLM backend has no publisher)")
-    collector = EventCollector() if config.kv_events is not None else None
-    engine = Engine(params, make_cache(params, enabled=reuse, runtime=config.runtime, sink=collector))
-    driver = EngineDriver(engine, speed=config.speed, clock=loop_clock)
+    if config.data_parallel_size < 1 or (config.data_parallel_size > 1 and config.runtime not in _DP_RUNTIMES):
+        raise ValueError("--data-parallel-size: vLLM and SGLang only (trtllm-serve and Triton take no rank)")
     gate = FaultGate(config.faults, seed=config.seed, clock=loop_clock)
-    ctx = FaceContext(config, profile, params, driver, gate, EmulatorStats())
-    ctx.kv_collector = collector
+    ranks = []
+    for r in range(config.data_parallel_size):
+        collector = EventCollector() if config.kv_events is not None else None
+        engine = Engine(params, make_cache(params, enabled=reuse, runtime=config.runtime, sink=collector))
+        ranks.append(RankEngine(r, EngineDriver(engine, speed=config.speed, clock=loop_clock), collector))
+    ctx = FaceContext(config, profile, params, ranks[0].driver, gate, EmulatorStats())
+    ctx.ranks = ranks
+    ctx.kv_collector = ranks[0].kv_collector
     return ctx
 
 
-def _kv_publisher(ctx: FaceContext) -> ZmqKvPublisher | TrtllmKvEventQueue | None:
+_DP_RUNTIMES = frozenset({Runtime.VLLM, Runtime.SGLANG})
+
+
+def _kv_publisher(ctx: FaceContext, rank: int = 0) -> ZmqKvPublisher | TrtllmKvEventQueue | None:
     cfg = ctx.config.kv_events
     if cfg is None:
         return None
     if ctx.config.runtime is Runtime.TRTLLM:
         return TrtllmKvEventQueue(cfg, window_size=ctx.config.max_model_len, primary_blocks=ctx.params.kv_blocks)
     style = "sglang" if ctx.config.runtime is Runtime.SGLANG else f"vllm-{cfg.encoding}"
-    return ZmqKvPublisher(cfg, style=style, replay_with_topic=ctx.config.runtime is Runtime.VLLM)
+    if rank:  # each rank's publisher (and replay socket) on the endpoint's port + rank
+        replay = None if cfg.replay_endpoint is None else offset_endpoint(cfg.replay_endpoint, rank)
+        cfg = dataclasses.replace(cfg, endpoint=offset_endpoint(cfg.endpoint, rank), replay_endpoint=replay)
+    return ZmqKvPublisher(cfg, style=style, replay_with_topic=ctx.config.runtime is Runtime.VLLM, dp_rank=rank)
 
 
 async def start_emulator(
@@ -199,14 +221,16 @@ async def start_emulator(
 ) -> RunningEmulator:
     """Start one emulator. For Triton the metrics are served on their own port (`metrics_port`)."""
     ctx = build_context(config)
-    publisher = _kv_publisher(ctx)
-    ctx.kv_publisher = publisher
+    for rank in ctx.ranks:
+        rank.kv_publisher = _kv_publisher(ctx, rank.rank)
+    ctx.kv_publisher = ctx.ranks[0].kv_publisher
     faces = _build_face(config.runtime, ctx)
-    ctx.driver.observers.extend([StatsObserver(ctx.stats, ctx.changed), faces.observer])
-    if publisher is not None:
-        ctx.driver.observers.append(KvEventsObserver(ctx))
-    faces.observer.on_idle(ctx.snapshot())
-    ctx.driver.start()
+    for rank, observer in zip(ctx.ranks, faces.observers, strict=True):
+        rank.driver.observers.extend([StatsObserver(ctx.stats, ctx.changed), observer])
+        if rank.kv_publisher is not None:
+            rank.driver.observers.append(KvEventsObserver(ctx, rank.rank))
+        observer.on_idle(rank.driver.engine.snapshot())
+        rank.driver.start()
     runners: list[web.AppRunner] = []
     try:
         runner, bound = await _serve(faces.app, host, port)
@@ -220,8 +244,6 @@ async def start_emulator(
     except BaseException:
         for r in runners:
             await r.cleanup()
-        await ctx.driver.stop()
-        if isinstance(publisher, ZmqKvPublisher):
-            await publisher.close()
+        await _stop_ranks(ctx)
         raise
     return RunningEmulator(config, ctx, runners, url, metrics_url)

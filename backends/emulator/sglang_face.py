@@ -12,6 +12,7 @@ from aiohttp import web
 
 from backends.emulator import sglang_aux
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
+from backends.emulator.dp import BadRank, mark_served, served_rank_header, sglang_rank
 from backends.emulator.openai_common import (
     DONE,
     BodyError,
@@ -105,7 +106,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
     layout = json_array_layout(tool.name, req.shape.json_text()) if tool is not None else None
     text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
     plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
-    gen = ctx.start(req.prompt, plans)
+    try:
+        rank = sglang_rank(req.body, ctx.data_parallel_size)
+    except BadRank as bad_rank:  # the tokenizer manager's ValueError: a 400, or an error chunk in a stream
+        rej = Reject(400, str(bad_rank), "BadRequest")
+        if not req.stream:
+            return json_response(rej.body(), rej.status)
+        resp = await open_sse(request)
+        await resp.write(event({"error": rej.body()}))
+        await resp.write(DONE)
+        return resp
+    bootstrap_room = req.body.get("bootstrap_room")  # a P/D request: SGLang's prefill rank follows its room
+    gen = ctx.start(req.prompt, plans, rank=rank,
+                    room=bootstrap_room if isinstance(bootstrap_room, int) else None)
+    mark_served(request, gen.rank, ctx.data_parallel_size)
     metrics.register(gen.rids, streaming=req.stream)
     rid = ctx.hex_id(32)
     try:
@@ -227,6 +241,7 @@ def build_app(ctx: FaceContext, metrics: SglangMetrics) -> web.Application:
     app = python_runtime_app()
     app[CONTEXT_KEY] = ctx
     app[METRICS_KEY] = metrics
+    app.on_response_prepare.append(served_rank_header)
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/generate", native_generate)

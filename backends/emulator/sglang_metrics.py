@@ -3,6 +3,9 @@ multiprocess registry renders them: label names sorted, no `_created` series.
 
 Scheduler gauges are published with SGLang's cadence: on every prefill batch, every 40 decode steps,
 and when the engine goes idle (which zeroes `gen_throughput`); between publications they are stale.
+With data parallelism each DP rank's scheduler publishes its own gauges, with a `dp_rank` label
+(SGLang adds it to the scheduler's labels when `dp_rank` is set); `rank(r)` is rank r's observer.
+The tokenizer-side counters and histograms are the one front end's, without it.
 """
 
 from __future__ import annotations
@@ -24,15 +27,28 @@ _E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 40
 _STREAMING = ("false", "true")
 
 
+class _Scheduler:
+    """One DP rank's scheduler gauges and the window its throughput is computed over."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.published = {"num_running_reqs": 0.0, "num_queue_reqs": 0.0, "token_usage": 0.0,
+                          "cache_hit_rate": 0.0, "gen_throughput": 0.0, "num_used_tokens": 0.0}
+        self.decode_steps = 0
+        self.window_tokens = 0
+        self.window_start: float | None = None
+
+
 class SglangMetrics:
-    def __init__(self, model: str, params: EngineParams, *, context_len: int) -> None:
+    def __init__(self, model: str, params: EngineParams, *, context_len: int, dp_size: int = 1) -> None:
         self.params = params
         self.context_len = context_len
         self.sched = {"engine_type": "unified", "model_name": model, "moe_ep_rank": "0", "pp_rank": "0",
                       "tp_rank": "0"}
         self.tok = {"engine_type": "unified", "model_name": model}
-        self.published = {"num_running_reqs": 0.0, "num_queue_reqs": 0.0, "token_usage": 0.0,
-                          "cache_hit_rate": 0.0, "gen_throughput": 0.0, "num_used_tokens": 0.0}
+        self.schedulers = [_Scheduler(self.sched if dp_size == 1 else {**self.sched, "dp_rank": str(r)})
+                           for r in range(dp_size)]
+        self.published = self.schedulers[0].published  # rank 0's (the only one without DP)
         self.prompt_tokens = dict.fromkeys(_STREAMING, 0.0)
         self.generation_tokens = dict.fromkeys(_STREAMING, 0.0)
         self.num_requests = dict.fromkeys(_STREAMING, 0.0)
@@ -44,9 +60,6 @@ class SglangMetrics:
         self.queue = Hist(_E2E)
         self.streaming: dict[str, str] = {}
         self._last: dict[str, float] = {}
-        self._decode_steps = 0
-        self._window_tokens = 0
-        self._window_start: float | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -56,22 +69,35 @@ class SglangMetrics:
             self.streaming[rid] = flag
         self.num_requests[flag] += 1
 
-    def _publish(self, snap: Snapshot, now: float, hit_rate: float | None) -> None:
-        p = self.published
+    def rank(self, dp_rank: int) -> RankMetrics:
+        """The step observer of data-parallel rank `dp_rank`'s scheduler."""
+        return RankMetrics(self, self.schedulers[dp_rank])
+
+    def _publish(self, sched: _Scheduler, snap: Snapshot, now: float, hit_rate: float | None) -> None:
+        p = sched.published
         p["num_running_reqs"] = float(snap.running)
         p["num_queue_reqs"] = float(snap.waiting)
         p["token_usage"] = snap.kv_usage
         p["num_used_tokens"] = float(snap.kv_used_blocks * snap.block_size)
         if hit_rate is not None:
             p["cache_hit_rate"] = hit_rate
-        if self._window_start is not None and now > self._window_start:
-            p["gen_throughput"] = self._window_tokens / (now - self._window_start)
-        self._window_start, self._window_tokens = now, 0
+        if sched.window_start is not None and now > sched.window_start:
+            p["gen_throughput"] = sched.window_tokens / (now - sched.window_start)
+        sched.window_start, sched.window_tokens = now, 0
 
     def on_step(self, step: StepResult, snap: Snapshot) -> None:
-        if self._window_start is None:
-            self._window_start = step.start_s
-        self._window_tokens += len(step.tokens)
+        self.step_of(self.schedulers[0], step, snap)
+
+    def on_finished(self, fin: Finished) -> None:
+        self.finished_of(fin)
+
+    def on_idle(self, snap: Snapshot) -> None:
+        self.idle_of(self.schedulers[0], snap)
+
+    def step_of(self, sched: _Scheduler, step: StepResult, snap: Snapshot) -> None:
+        if sched.window_start is None:
+            sched.window_start = step.start_s
+        sched.window_tokens += len(step.tokens)
         for ev in step.tokens:
             flag = self.streaming.get(ev.rid, "false")
             last = self._last.get(ev.rid)
@@ -87,13 +113,13 @@ class SglangMetrics:
             self.prompt_tokens[self.streaming.get(a.rid, "false")] += a.prompt_tokens
         self.cached_tokens += hits
         if step.prefill_tokens:
-            self._publish(snap, step.end_s, hits / total if total else None)
+            self._publish(sched, snap, step.end_s, hits / total if total else None)
         else:
-            self._decode_steps += 1
-            if self._decode_steps % DECODE_LOG_INTERVAL == 0:
-                self._publish(snap, step.end_s, None)
+            sched.decode_steps += 1
+            if sched.decode_steps % DECODE_LOG_INTERVAL == 0:
+                self._publish(sched, snap, step.end_s, None)
 
-    def on_finished(self, fin: Finished) -> None:
+    def finished_of(self, fin: Finished) -> None:
         flag = self.streaming.pop(fin.rid, "false")
         self._last.pop(fin.rid, None)
         if fin.reason == "abort":
@@ -101,37 +127,39 @@ class SglangMetrics:
         self.e2e[flag].observe(fin.e2e_s)
         self.queue.observe(fin.queue_s)
 
-    def on_idle(self, snap: Snapshot) -> None:
-        p = self.published
+    def idle_of(self, sched: _Scheduler, snap: Snapshot) -> None:
+        p = sched.published
         p["num_running_reqs"] = float(snap.running)
         p["num_queue_reqs"] = float(snap.waiting)
         p["token_usage"] = snap.kv_usage
         p["num_used_tokens"] = float(snap.kv_used_blocks * snap.block_size)
         p["gen_throughput"] = 0.0
-        self._window_start = None
+        sched.window_start = None
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        s, t = self.sched, self.tok
+        t = self.tok
+        scheds = self.schedulers
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=sorted(s))
-            g.add_metric([s[k] for k in sorted(s)], value)
+        def gauge(name: str, doc: str, key: str | None, value: float = 0.0) -> GaugeMetricFamily:
+            names = sorted(scheds[0].labels)
+            g = GaugeMetricFamily(name, doc, labels=names)
+            for sched in scheds:
+                g.add_metric([sched.labels[k] for k in names], sched.published[key] if key else value)
             return g
 
-        p = self.published
-        yield gauge("sglang:num_running_reqs", "The number of running requests.", p["num_running_reqs"])
-        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", p["num_queue_reqs"])
-        yield gauge("sglang:token_usage", "The token usage.", p["token_usage"])
-        yield gauge("sglang:num_used_tokens", "The number of used tokens.", p["num_used_tokens"])
-        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", p["cache_hit_rate"])
-        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", p["gen_throughput"])
-        yield gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
+        yield gauge("sglang:num_running_reqs", "The number of running requests.", "num_running_reqs")
+        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "num_queue_reqs")
+        yield gauge("sglang:token_usage", "The token usage.", "token_usage")
+        yield gauge("sglang:num_used_tokens", "The number of used tokens.", "num_used_tokens")
+        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", "cache_hit_rate")
+        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", "gen_throughput")
+        yield gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", None,
                     float(self.params.kv_blocks * self.params.block_size))
-        yield gauge("sglang:page_size", "The page size of the KV cache.", float(self.params.block_size))
-        yield gauge("sglang:context_len", "The context length of the model.", float(self.context_len))
+        yield gauge("sglang:page_size", "The page size of the KV cache.", None, float(self.params.block_size))
+        yield gauge("sglang:context_len", "The context length of the model.", None, float(self.context_len))
         for name, doc, values in (
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
             ("sglang:generation_tokens", "Number of generation tokens processed.", self.generation_tokens),
@@ -157,3 +185,20 @@ class SglangMetrics:
                           (({"is_streaming": f}, h) for f, h in self.e2e.items()))
         yield hist_family("sglang:queue_time_seconds", "Histogram of queueing time in seconds.", t,
                           [({}, self.queue)])
+
+
+class RankMetrics:
+    """One DP rank's scheduler observer over the shared collector."""
+
+    def __init__(self, metrics: SglangMetrics, sched: _Scheduler) -> None:
+        self._m = metrics
+        self._sched = sched
+
+    def on_step(self, step: StepResult, snap: Snapshot) -> None:
+        self._m.step_of(self._sched, step, snap)
+
+    def on_finished(self, fin: Finished) -> None:
+        self._m.finished_of(fin)
+
+    def on_idle(self, snap: Snapshot) -> None:
+        self._m.idle_of(self._sched, snap)

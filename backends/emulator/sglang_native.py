@@ -174,12 +174,13 @@ async def server_info(request: web.Request) -> web.Response:
 async def flush_cache(request: web.Request) -> web.Response:
     """Flush the radix cache (refused, like SGLang, while requests are running or waiting)."""
     ctx = request.app[CONTEXT_KEY]
-    if not ctx.driver.engine.idle:
+    if not all(r.driver.engine.idle for r in ctx.ranks):
         return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. "
                                               "(When there are running or waiting requests, the operation will not "
                                               "be performed.)\n")
-    ctx.driver.engine.cache.clear()
-    ctx.flush_kv_events()
+    for r in ctx.ranks:
+        r.driver.engine.cache.clear()
+        ctx.flush_kv_events(r.rank)
     return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running "
                              "or waiting requests, the operation will not be performed.)\n")
 

@@ -173,15 +173,20 @@ async def detokenize(request: web.Request) -> web.Response:
 async def kv_event_sources(request: web.Request) -> web.Response:
     """The publisher config per DP rank (`{}` when KV events are off), as vLLM's `/kv_event_sources`."""
     ctx = request.app[CONTEXT_KEY]
-    source = getattr(ctx.kv_publisher, "source_config", None)
-    return json_response({"0": source()} if callable(source) else {})
+    out = {}
+    for r in ctx.ranks:
+        source = getattr(r.kv_publisher, "source_config", None)
+        if callable(source):
+            out[str(r.rank)] = source()
+    return json_response(out)
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     """Dev endpoint (`VLLM_SERVER_DEV_MODE=1`): drop every cached block (one `AllBlocksCleared`)."""
     ctx = request.app[CONTEXT_KEY]
-    ctx.driver.engine.cache.clear()
-    ctx.flush_kv_events()
+    for r in ctx.ranks:
+        r.driver.engine.cache.clear()
+        ctx.flush_kv_events(r.rank)
     return web.Response(status=200)
 
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from backends.emulator import vllm_aux
 from backends.emulator import vllm_render as R
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, Token
+from backends.emulator.dp import BadRank, mark_served, served_rank_header, vllm_rank
 from backends.emulator.exposition import render_text_latest
 from backends.emulator.openai_common import (
     DONE,
@@ -96,6 +97,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         admit(ctx, metrics)
     except Reject as rej:
         return json_response(rej.body, rej.status)
+    try:
+        rank = vllm_rank(request.headers, ctx.data_parallel_size)
+    except BadRank as bad_rank:  # the engine client's ValueError: a 400, or an error event once streaming
+        return await _refused(request, req, R.error_body(str(bad_rank), "BadRequestError", 400))
     room = ctx.config.max_model_len - len(req.prompt)
     max_tokens = req.max_tokens
     if max_tokens is None and ctx.profile.default_output_tokens > room:
@@ -104,16 +109,28 @@ async def generate(request: web.Request) -> web.StreamResponse:
     layout = hermes_layout(req.shape.tool.name, req.shape.json_text()) if req.shape.tool is not None else None
     text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
     plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
-    metrics.on_request(n=req.n, max_tokens=max_tokens if max_tokens is not None else room)
     header_id = request.headers.get("X-Request-Id")
     rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or ctx.hex_id(16))
-    gen = ctx.start(req.prompt, plans)
+    gen = ctx.start(req.prompt, plans, rank=rank)
+    mark_served(request, gen.rank, ctx.data_parallel_size)
+    metrics.on_request(n=req.n, max_tokens=max_tokens if max_tokens is not None else room, engine=gen.rank)
     try:
         if req.stream:
             return await _stream(ctx, request, req, gen, rid, layout)
         return await _complete(ctx, request, req, gen, rid, layout)
     finally:
         gen.abort()
+
+
+async def _refused(request: web.Request, req: ChatRequest, error: dict[str, Any]) -> web.StreamResponse:
+    """An error the engine raises when the request reaches it: a stream has already started then."""
+    if not req.stream:
+        return json_response(error, error["error"]["code"])
+    resp = await open_sse(request)
+    await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+    await resp.write(DONE)
+    await resp.write_eof()
+    return resp
 
 
 def _finish(req: ChatRequest, plan: OutputPlan, layout: ToolCallLayout | None) -> str:
@@ -299,6 +316,7 @@ def build_app(ctx: FaceContext, metrics: VllmMetrics) -> web.Application:
     app = python_runtime_app()
     app[CONTEXT_KEY] = ctx
     app[METRICS_KEY] = metrics
+    app.on_response_prepare.append(served_rank_header)
     pooling = ctx.config.embedding_dim is not None
     if not pooling:
         app.router.add_post("/v1/chat/completions", generate)

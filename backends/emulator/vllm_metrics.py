@@ -3,6 +3,9 @@ real `CollectorRegistry` per emulator so single-process semantics (`_total`, `_c
 
 Update cadence as in vLLM: gauges every engine step, token counters per step, TTFT at first token,
 ITL per token, request histograms at finish, prefix-cache counters at scheduling.
+
+With data parallelism every engine has its own series, labelled `engine="<rank>"` (vLLM's
+`PrometheusStatLogger` over its `engine_indexes`); `engine(r)` is rank r's step observer.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ def _token_buckets(max_model_len: int) -> tuple[float, ...]:
 
 
 class VllmMetrics:
-    def __init__(self, model: str, params: EngineParams, *, max_model_len: int, prefix_caching: bool) -> None:
+    def __init__(self, model: str, params: EngineParams, *, max_model_len: int, prefix_caching: bool,
+                 engines: int = 1) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r, lv = self.registry, {"engine": "0", "model_name": model}
+        r = self.registry
+        self._lvs = [{"engine": str(i), "model_name": model} for i in range(engines)]
         # A single-API-server vLLM also exposes the python_* and process_* families.
         for collector in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
             r.register(collector)
-        self._lv = lv
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, LABELS, registry=r)
@@ -67,7 +71,8 @@ class VllmMetrics:
             "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             (*LABELS, "sleep_state"), registry=r)
         for state, v in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
-            sleep.labels(sleep_state=state, **lv).set(v)
+            for each in self._lvs:
+                sleep.labels(sleep_state=state, **each).set(v)
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.pc_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
@@ -140,8 +145,16 @@ class VllmMetrics:
         }
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", sorted(info_labels),
                      registry=r)
-        info.labels(**info_labels).set(1.0)
-        # Pre-create every labelled child so zero series exist from the start, as in vLLM.
+        for each in self._lvs:
+            info.labels(**{**info_labels, "engine": each["engine"]}).set(1.0)
+        for each in self._lvs:
+            self._precreate(each, zero_counters)
+        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            self.admission.labels(model_name=model, reason=reason)
+        self._last_token: dict[str, float] = {}
+
+    def _precreate(self, lv: dict[str, str], zero_counters: list[Counter]) -> None:
+        """Every labelled child of one engine, so zero series exist from the start, as in vLLM."""
         for reason in FINISH_REASONS:
             self.success.labels(finished_reason=reason, **lv)
         for reason in ("capacity", "deferred"):
@@ -152,8 +165,6 @@ class VllmMetrics:
             self.cached_by_source.labels(source=src, **lv)
         for zc in zero_counters:
             zc.labels(**lv)
-        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
-            self.admission.labels(model_name=model, reason=reason)
         for m in (
             self.running, self.waiting, self.kv_usage, self.pc_queries, self.pc_hits, self.preemptions,
             self.prompt_tokens, self.prompt_cached, self.generation_tokens, self.req_prompt, self.req_gen,
@@ -161,18 +172,30 @@ class VllmMetrics:
             self.e2e, self.queue, self.inference, self.prefill, self.decode, self.req_preempt, self.kv_computed,
         ):
             m.labels(**lv)
-        self._last_token: dict[str, float] = {}
 
-    def on_request(self, *, n: int, max_tokens: int) -> None:
-        self.params_n.labels(**self._lv).observe(n)
-        self.params_max_tokens.labels(**self._lv).observe(max_tokens)
-        self.max_gen.labels(**self._lv).observe(max_tokens)
+    def engine(self, rank: int) -> EngineMetrics:
+        """The step observer of data-parallel rank `rank`'s engine (its `engine` label)."""
+        return EngineMetrics(self, self._lvs[rank])
+
+    def on_request(self, *, n: int, max_tokens: int, engine: int = 0) -> None:
+        lv = self._lvs[engine]
+        self.params_n.labels(**lv).observe(n)
+        self.params_max_tokens.labels(**lv).observe(max_tokens)
+        self.max_gen.labels(**lv).observe(max_tokens)
 
     def on_admission_rejected(self, model: str) -> None:
         self.admission.labels(model_name=model, reason="max_num_queued_reqs").inc()
 
     def on_step(self, step: StepResult, snap: Snapshot) -> None:
-        lv = self._lv
+        self.step_of(self._lvs[0], step, snap)
+
+    def on_finished(self, fin: Finished) -> None:
+        self.finished_of(self._lvs[0], fin)
+
+    def on_idle(self, snap: Snapshot) -> None:
+        self.idle_of(self._lvs[0], snap)
+
+    def step_of(self, lv: dict[str, str], step: StepResult, snap: Snapshot) -> None:
         self.running.labels(**lv).set(snap.running)
         self.waiting.labels(**lv).set(snap.waiting)
         self.waiting_by_reason.labels(reason="capacity", **lv).set(snap.waiting)
@@ -197,8 +220,7 @@ class VllmMetrics:
                 self.itl.labels(**lv).observe(ev.time_s - last)
             self._last_token[ev.rid] = ev.time_s
 
-    def on_finished(self, fin: Finished) -> None:
-        lv = self._lv
+    def finished_of(self, lv: dict[str, str], fin: Finished) -> None:
         self._last_token.pop(fin.rid, None)
         self.success.labels(finished_reason=fin.reason, **lv).inc()
         self.req_prompt.labels(**lv).observe(fin.prompt_tokens)
@@ -215,9 +237,25 @@ class VllmMetrics:
                 if fin.output_tokens > 1:
                     self.tpot.labels(**lv).observe((fin.finished_s - fin.first_token_s) / (fin.output_tokens - 1))
 
-    def on_idle(self, snap: Snapshot) -> None:
-        lv = self._lv
+    def idle_of(self, lv: dict[str, str], snap: Snapshot) -> None:
         self.running.labels(**lv).set(snap.running)
         self.waiting.labels(**lv).set(snap.waiting)
         self.waiting_by_reason.labels(reason="capacity", **lv).set(snap.waiting)
         self.kv_usage.labels(**lv).set(snap.kv_usage)
+
+
+class EngineMetrics:
+    """One engine's (one data-parallel rank's) step observer over the shared families."""
+
+    def __init__(self, metrics: VllmMetrics, lv: dict[str, str]) -> None:
+        self._m = metrics
+        self._lv = lv
+
+    def on_step(self, step: StepResult, snap: Snapshot) -> None:
+        self._m.step_of(self._lv, step, snap)
+
+    def on_finished(self, fin: Finished) -> None:
+        self._m.finished_of(self._lv, fin)
+
+    def on_idle(self, snap: Snapshot) -> None:
+        self._m.idle_of(self._lv, snap)

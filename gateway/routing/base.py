@@ -95,16 +95,6 @@ class RequestFeatures:
 NO_FEATURES: Final = RequestFeatures()
 
 
-def unit_name(backend: str, rank: int) -> str:
-    """The routing unit of a data-parallel rank: `<backend>@<rank>` (no backend name has an `@`)."""
-    return f"{backend}@{rank}"
-
-
-def unit_backend(unit: str) -> str:
-    """The backend of a routing unit (the unit itself when it is a whole backend)."""
-    return unit.partition("@")[0]
-
-
 @dataclass(slots=True, unsafe_hash=True)
 class BackendView:
     """What a policy may know about one routing unit, frozen at snapshot time: a backend, or one

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from .base import CHARS_PER_TOKEN, BackendView, EngineCaches, RequestFeatures, Snapshot, unit_backend
+from ..rank_settings import unit_backend
+from .base import CHARS_PER_TOKEN, BackendView, EngineCaches, RequestFeatures, Snapshot
 from .latency import LatencyEstimator, LatencyModel
 from .prefix_index import DEFAULT_CAPACITY, PrefixIndex, Sent
 from .tokens import TokenPrompt

@@ -27,7 +27,8 @@ from typing import Final
 from backends.base import Adapter, Load
 from backends.ranks import RankPin, rank_pin
 
-from ..routing.base import BackendView, Snapshot, unit_name
+from ..rank_settings import unit_name
+from ..routing.base import BackendView, Snapshot
 from ..settings import Backend, Route
 from .outliers import KEEP, OutlierRules, Record, Verdict, eject, fault, may_eject, readmit
 

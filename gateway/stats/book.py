@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from ..observability.outcome import NONE, Outcome
-from ..routing.base import unit_name
+from ..rank_settings import unit_name
 from ..settings import Backend, Settings
 from .window import Sample, Series
 
@@ -131,8 +131,9 @@ class StatsBook:
             for dp_rank in range(b.data_parallel_size if b.data_parallel_size > 1 else 0):
                 unit = unit_name(b.name, dp_rank)
                 old_rank = self.ranks.get(unit)
+                # no backends of its own: the server's price is its row's, not each rank's
                 ranks_now[unit] = old_rank if old_rank is not None else self._group(
-                    "rank", unit, [b.name], b.runtime.value)
+                    "rank", unit, [], b.runtime.value)
         self.ranks = ranks_now
         self.absent = {n: g for n, g in known.items() if n in keep and n not in backends_now}
         members: dict[str, list[str]] = {}

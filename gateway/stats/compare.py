@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..rank_settings import unit_backend
 from .ab import ArmData, analyse
 from .book import Group
 from .cost import ASSUMPTIONS, group_price
@@ -59,7 +60,7 @@ class Comparer:
             "total": row(book.total),
             "backends": [row(g, runtime=g.runtime, task=g.task) for g in book.backends.values()],
             # a wide server's data-parallel ranks (its row in `backends` is the server as a whole)
-            "ranks": [row(g, backend=g.backends[0] if g.backends else None, rank=int(g.name.rpartition("@")[2]))
+            "ranks": [row(g, backend=unit_backend(g.name), rank=int(g.name.rpartition("@")[2]), runtime=g.runtime)
                       for g in book.ranks.values()],
             "runtimes": [row(g, task=g.task) for g in book.runtimes.values()],
             "arms": [row(g, route=g.route, weight=book.weights(g.route or "").get(g.name))

@@ -58,14 +58,15 @@ class Emulators:
     def start(
         self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
         kv_events: KvEventsConfig | None = None, block_size: int | None = None, num_kv_blocks: int | None = None,
-        host: str = "127.0.0.1", port: int = 0, embedding_dim: int | None = None, seed: int = 0, **faults: Any,
+        host: str = "127.0.0.1", port: int = 0, embedding_dim: int | None = None, seed: int = 0,
+        data_parallel_size: int = 1, **faults: Any,
     ) -> RunningEmulator:
         """`host` may be any loopback address (127.0.0.2, ... reach this host too: discovery tests
         give each emulator its own address, on one port)."""
         cfg = EmulatorConfig(
             runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults),
             kv_events=kv_events, block_size=block_size, num_kv_blocks=num_kv_blocks,
-            embedding_dim=embedding_dim, seed=seed,
+            embedding_dim=embedding_dim, seed=seed, data_parallel_size=data_parallel_size,
         )
         emu = self._loop.run(start_emulator(cfg, host=host, port=port))
         self._running.append(emu)
