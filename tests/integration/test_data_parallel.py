@@ -144,7 +144,8 @@ def test_prefix_affinity_per_rank_on_the_ranks_kv_events(emulators: Emulators, g
     for i, messages in enumerate(conversations(24)):
         raw = client.chat.completions.with_raw_response.create(model="moe", messages=messages, max_tokens=2)
         reply = raw.parse()
-        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        assert reply.usage is not None
+        assert reply.usage.prompt_tokens_details is not None
         reported = reply.usage.prompt_tokens_details.cached_tokens
         placed.setdefault(i % 4, set()).add(rank_of(raw))
         state = gw.get("/admin/backends").json()["backends"][0]["kv_events"]
@@ -155,7 +156,8 @@ def test_prefix_affinity_per_rank_on_the_ranks_kv_events(emulators: Emulators, g
     assert all(len(ranks) == 1 for ranks in placed.values()), placed  # a tenant stays on its rank
     assert {r for ranks in placed.values() for r in ranks} == {0, 1}  # and the tenants use both
     ranks = gw.get("/admin/backends").json()["backends"][0]["kv_events"]["ranks"]
-    assert set(ranks) == {"0", "1"} and all(r["blocks"] > 0 for r in ranks.values())
+    assert set(ranks) == {"0", "1"}
+    assert all(r["blocks"] > 0 for r in ranks.values())
 
 
 def test_the_comparison_shows_the_ranks_and_the_server(emulators: Emulators, gateway: Gateway) -> None:
