@@ -73,6 +73,15 @@ def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
     return req
 
 
+async def _refused(request: web.Request, req: ChatRequest, rej: Reject) -> web.StreamResponse:
+    if not req.stream:
+        return json_response(rej.body(), rej.status)
+    resp = await open_sse(request)
+    await resp.write(event({"error": rej.body()}))
+    await resp.write(DONE)
+    return resp
+
+
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
             "prompt_tokens_details": {"cached_tokens": cached}, "reasoning_tokens": 0,
@@ -109,13 +118,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         rank = sglang_rank(req.body, ctx.data_parallel_size)
     except BadRank as bad_rank:  # the tokenizer manager's ValueError: a 400, or an error chunk in a stream
-        rej = Reject(400, str(bad_rank), "BadRequest")
-        if not req.stream:
-            return json_response(rej.body(), rej.status)
-        resp = await open_sse(request)
-        await resp.write(event({"error": rej.body()}))
-        await resp.write(DONE)
-        return resp
+        return await _refused(request, req, Reject(400, str(bad_rank), "BadRequest"))
     bootstrap_room = req.body.get("bootstrap_room")  # a P/D request: SGLang's prefill rank follows its room
     gen = ctx.start(req.prompt, plans, rank=rank,
                     room=bootstrap_room if isinstance(bootstrap_room, int) else None)
