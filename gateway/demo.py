@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.emulator import RunningEmulator
-from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, start_fleet
+from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, DEMO_WIDE_FLEET, start_fleet
 
 from .settings import Settings, parse_settings
 
@@ -49,7 +49,7 @@ Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
 
 
 async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> Demo:
-    specs = [*DEMO_FLEET, *DEMO_EMBEDDING_FLEET]
+    specs = [*DEMO_FLEET, *DEMO_WIDE_FLEET, *DEMO_EMBEDDING_FLEET]
     emulators = await start_fleet(specs, speed=speed, host=host)
     backends = []
     for spec, emu in zip(specs, emulators, strict=True):
@@ -62,13 +62,16 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> D
         }
         if emu.metrics_url != emu.url:
             entry["metrics_url"] = emu.metrics_url
+        if spec.data_parallel_size > 1:  # the wide-EP server: each rank a routing unit
+            entry["data_parallel_size"] = spec.data_parallel_size
         backends.append(entry)
     settings = parse_settings(
         {
             "listen": {"host": host, "port": 8080},
             "backends": backends,
             "routes": [
-                {"model": DEMO_MODEL, "backends": [s.name for s in DEMO_FLEET], "policy": "least_load"},
+                {"model": DEMO_MODEL, "backends": [s.name for s in (*DEMO_FLEET, *DEMO_WIDE_FLEET)],
+                 "policy": "least_load"},
                 {"model": DEMO_EMBEDDING_MODEL, "kind": "embeddings",
                  "backends": [s.name for s in DEMO_EMBEDDING_FLEET]},
             ],

@@ -25,6 +25,7 @@ class FleetSpec:
     metrics_port_offset: int | None = None
     faults: Faults = field(default_factory=Faults)
     embedding_dim: int | None = None  # an embedding model (vLLM `--runner pooling`)
+    data_parallel_size: int = 1  # one server of this many DP engines (a wide-EP server)
 
 
 DEMO_FLEET: list[FleetSpec] = [
@@ -36,6 +37,10 @@ DEMO_FLEET: list[FleetSpec] = [
 # The demo's embedding model: a vLLM pooling model on the synthetic `tiny` profile (1 GPU at an assumed $1/h).
 DEMO_EMBEDDING_FLEET: list[FleetSpec] = [
     FleetSpec("embed-a", Runtime.VLLM, "bge-m3", "tiny", 6, embedding_dim=1024),
+]
+# A wide-EP server: one vLLM of 4 data-parallel ranks (attention DP, expert parallel), on port 8007.
+DEMO_WIDE_FLEET: list[FleetSpec] = [
+    FleetSpec("vllm-wide", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 7, data_parallel_size=4),
 ]
 DEMO_BASE_PORT = 8000  # DEMO_FLEET on fixed ports 8001..8005, DEMO_EMBEDDING_FLEET on 8006, as in config/demo.yaml
 
@@ -50,7 +55,7 @@ async def start_fleet(
         for i, spec in enumerate(specs):
             cfg = EmulatorConfig(runtime=spec.runtime, model=spec.model, profile=spec.profile, speed=speed,
                                  faults=spec.faults, max_model_len=max_model_len, seed=seed + i,
-                                 embedding_dim=spec.embedding_dim)
+                                 embedding_dim=spec.embedding_dim, data_parallel_size=spec.data_parallel_size)
             port = 0 if base_port is None else base_port + spec.port_offset
             mport = 0 if base_port is None or spec.metrics_port_offset is None else base_port + spec.metrics_port_offset
             emu = await start_emulator(cfg, host=host, port=port, metrics_port=mport)
