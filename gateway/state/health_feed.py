@@ -69,9 +69,16 @@ class Finding:
         kind, backend, round_, epoch, a, b = row
         if kind == "ready":
             return cls("ready", str(backend), int(round_), int(epoch), ok=bool(a), error=None if b is None else str(b))
-        load = None if a is None else Load(**{k: v for k, v in a.items() if k in _LOAD_FIELDS})
+        load = None if a is None else _load(a)
         return cls("load", str(backend), int(round_), int(epoch), load=load,
                    max_model_len=None if b is None else int(b))
+
+
+def _load(plain: dict[str, Any]) -> Load:
+    """A `Load` from its wire form (`dataclasses.asdict`: its data-parallel ranks' loads nested)."""
+    fields = {k: v for k, v in plain.items() if k in _LOAD_FIELDS}
+    ranks = fields.pop("per_rank", None) or ()
+    return Load(**fields, per_rank=tuple(_load(r) for r in ranks))
 
 
 def apply(pool: Pool, found: Finding, now: float) -> None:

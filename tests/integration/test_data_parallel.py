@@ -181,3 +181,19 @@ def test_the_comparison_shows_the_ranks_and_the_server(emulators: Emulators, gat
     assert server["requests"] == 4  # the server as a whole
     eventually(lambda: gw.metric("gateway_rank_engine_running", backend="wide", rank="1") == 0
                and "gateway_rank_engine_running" in gw.get("/metrics").text)
+
+
+def test_per_rank_figures_merge_over_workers(emulators: Emulators, gateway: Gateway) -> None:
+    """Under `--workers 2` the supervisor's /metrics adds the workers' per-rank counts (merge rule
+    `sum`), and they equal what each engine served."""
+    emu = emulators.start("vllm", data_parallel_size=2)
+    backends = [backend_entry("wide", emu, "vllm", data_parallel_size=2)]
+    gw = gateway(backends, routes=route(backends, "round_robin"), workers=2)
+    client = gw.client()
+    for _ in range(8):
+        client.chat.completions.create(model="moe", messages=HI, max_tokens=2)
+    served = emu.served_by_rank()
+    assert sum(served) == 8
+    assert emu.ctx.pinned_requests == 8
+    eventually(lambda: [gw.metric("gateway_rank_responses_total", backend="wide", rank=str(r)) for r in (0, 1)]
+               == [float(n) for n in served])

@@ -22,6 +22,7 @@ from gateway.rank_settings import unit_backend, unit_name
 from gateway.routing import POLICIES, RequestFeatures, RouteRequest, RoutingState
 from gateway.routing.tokens import TokenPrompt
 from gateway.settings import Backend, ConfigError, parse_settings
+from gateway.state.health_feed import Finding
 from gateway.state.pool import BackendState, Pool
 
 WIDE = {"name": "wide", "runtime": "vllm", "url": "http://127.0.0.1:1", "model": "m", "data_parallel_size": 4}
@@ -191,3 +192,9 @@ def test_a_discovered_wide_server_gets_its_ranks_from_the_entry() -> None:
     with pytest.raises(ValueError, match="data_parallel_size: trtllm-serve"):
         DiscoveryEntry.model_validate({"name": "p", "runtime": "trtllm", "model": "m", "data_parallel_size": 2,
                                        "dns": {"host": "x.example", "port": 8000}})
+
+
+def test_the_supervisors_load_finding_carries_each_ranks_load_to_its_workers() -> None:
+    load = Load(running=4.0, waiting=2.0, per_rank=(Load(running=1.0), Load(running=3.0, waiting=2.0)))
+    back = Finding.from_wire(orjson.loads(orjson.dumps(Finding("load", "wide", 1, 1, load=load).wire())))
+    assert back.load == load
