@@ -291,6 +291,8 @@ class Sampled(Trace):
             attrs.update(_server(state))
             attrs[sc.GEN_AI_RESPONSE_MODEL] = state.config.model
             price = state.config.usd_per_hour
+            if price is not None:
+                attrs[sc.GATEWAY_PRICE_USD_PER_HOUR] = price
             if outcome.usage is not None:
                 cost = request_cost_usd(price, outcome.usage.completion_tokens, self._throughput(state.name))
                 if cost is not None:
