@@ -22,6 +22,20 @@ by a gRPC endpoint picker: they take plain values of the rooms below the proxy):
 - `shadow()`: the trace of a shadow copy (its attempts are marked `gateway.shadow`), ended by
   `finish_shadow(status)`;
 - `finish(outcome, state)`: the request is recorded (accounting); every open span ends.
+
+A leg of a disaggregated request (`gateway.leg` = prefill or decode; tested in
+`tests/unit/tracing/test_api.py`), from the code that sends it:
+
+    leg = ex.trace.leg("prefill", state, upstream.headers, upstream_id) if ex.trace is not None else None
+    headers = upstream.headers if leg is None else leg.headers   # what goes upstream
+    try:
+        resp = await pool.request(state.base_url, "POST", upstream.path, headers, upstream.body)
+    except BaseException as failure:
+        if leg is not None:
+            leg.end(failure)                                     # error.type, status ERROR
+        raise
+    if leg is not None:
+        leg.end(status=resp.status)
 """
 
 from __future__ import annotations
