@@ -3,7 +3,8 @@ above their children, bars on the trace's time axis, coloured by the process tha
 
 The README's picture is made by the real-vLLM tier from the spans an OTLP receiver got for one
 request through the gateway to vLLM (`tests/real/test_real_tracing.py`, with `IGW_TRACE_PNG=path`;
-the spans are written beside it as JSON, which `python -m bench.waterfall SPANS.json OUT.png` draws again).
+the spans are written beside it as JSON, which `python -m bench.waterfall SPANS.json OUT.png [TITLE]` draws
+again).
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ def render(rows: Sequence[Row], out: Path, *, title: str) -> None:
         end = (r.end_ns - t0) / 1e6
         for phase, seconds in reversed(_phases(r)):  # vLLM's queue, prefill and decode, back from its end
             ax.barh(i, seconds * 1000, left=end - seconds * 1000, height=0.22, color=PHASES[phase])
-            ax.text(end - seconds * 500, i - 0.2, phase, ha="center", va="bottom", fontsize=6.5)
             end -= seconds * 1000
         detail = _detail(r)
         if detail:
@@ -105,13 +105,15 @@ def render(rows: Sequence[Row], out: Path, *, title: str) -> None:
     ax.set_xlim(0, total_ms * 1.12)
     ax.set_yticks([])
     ax.set_xlabel("ms since the request arrived")
-    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_title(title, fontsize=10, loc="left", pad=22)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     ax.grid(axis="x", color="#eeeeee")
     handles = [Rectangle((0, 0), 1, 1, color=colour[s]) for s in services]
-    ax.legend(handles, services, loc="lower right", fontsize=8, frameon=False)
-    fig.subplots_adjust(left=0.27, right=0.98, top=0.9, bottom=0.14)
+    ax.legend([*handles, *(Rectangle((0, 0), 1, 1, color=c) for c in PHASES.values())],
+              [*services, *(f"engine {p}" for p in PHASES)], loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              ncol=len(services) + len(PHASES), fontsize=7.5, frameon=False)
+    fig.subplots_adjust(left=0.27, right=0.98, top=1 - 0.75 / fig.get_figheight(), bottom=0.14)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
@@ -122,12 +124,12 @@ def save(rows: Sequence[Row], path: Path) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m bench.waterfall SPANS.json OUT.png", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print("usage: python -m bench.waterfall SPANS.json OUT.png [TITLE]", file=sys.stderr)
         return 2
     rows = [Row(**r) for r in orjson.loads(Path(argv[0]).read_bytes())]
-    trace = {r.service for r in rows}
-    render(rows, Path(argv[1]), title=f"one trace, {len(rows)} spans from {', '.join(sorted(trace))}")
+    services = ", ".join(sorted({r.service for r in rows}))
+    render(rows, Path(argv[1]), title=argv[2] if len(argv) == 3 else f"one trace: {len(rows)} spans from {services}")
     return 0
 
 
