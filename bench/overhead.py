@@ -221,7 +221,9 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
         files[key].write_bytes(orjson.dumps(body))
     script = wrk.write_script(tmp)
     need = _families(plan)
-    opts = targets.Options(pure_sources=procs.pure_sources(tmp), peers=chosen, baseline=baseline)
+    sink = PyServer("otlp-sink", "bench.otlp_sink", [], tmp)  # where the traced gateways export
+    started.append(sink)
+    opts = targets.Options(pure_sources=procs.pure_sources(tmp), peers=chosen, baseline=baseline, otlp=sink.url)
     if opts.pure_sources is None:
         res.notes.append("the gateway is pure Python here (no `make native`): no separate pure build measured")
     fams: dict[str, Section] = {}

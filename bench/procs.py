@@ -251,10 +251,11 @@ class Gateway:
     """`python -m gateway serve` with one vLLM backend, exactly as a user runs it (from `sources`, a
     copy of the gateway's packages, when given)."""
 
-    def __init__(self, name: str, upstream_url: str, tmp: Path, *, sources: Path | None = None) -> None:
+    def __init__(self, name: str, upstream_url: str, tmp: Path, *, sources: Path | None = None,
+                 tracing: dict[str, Any] | None = None) -> None:
         self.name = name
         config = tmp / f"{name}.yaml"
-        config.write_text(yaml.safe_dump(gateway_config(upstream_url)))
+        config.write_text(yaml.safe_dump(gateway_config(upstream_url) | ({"tracing": tracing} if tracing else {})))
         self.config_path = config
         self.proc = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(config),
                                 "--log-level", "WARNING"], log=tmp / f"{name}.log", stdout_pipe=True,

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench import report_parts, report_plots
 from bench.report_stats import Points, fmt, med, pct, times, verdict
-from bench.targets import PYTHON
+from bench.targets import PYTHON, TRACED
 
 ANALYSIS = "profile-analysis.md"  # hand-written diagnosis, kept across runs and appended to profile.md
 MIN_ROUNDS = 3  # issue 13: medians of >= 3 interleaved rounds
@@ -66,6 +66,25 @@ def targets_table(res: dict[str, Any], p: Points) -> list[str]:
                    f"≤ {REGRESSION_GOAL:.2f}x | {fmt(p.med(section, 'gateway', 'cpu_us_per_req'))} µs vs "
                    f"{fmt(p.med(section, 'baseline', 'cpu_us_per_req'))} µs | {times(ratio)} | "
                    f"{verdict(None if ratio is None else ratio <= REGRESSION_GOAL)} |")
+    return out
+
+
+def tracing_table(p: Points) -> list[str]:
+    """CPU per request with tracing off (the gateway), sampling 1% and 100%, measured in the same rounds."""
+    traced = [t for t in TRACED if any(p.of(s, t) for s in ("a", "b", "c"))]
+    if not traced:
+        return []
+    out = ["| part | tracing off (gateway), CPU µs/request | "
+           + " | ".join(f"{t.removeprefix('trace-')} sampled, µs/request (× off, median of rounds)" for t in traced)
+           + " |", "|---|---:|" + "---:|" * len(traced)]
+    for section, what in (("a", "a: non-streaming"), ("b", "b: streaming, 20 events in one write"),
+                          ("c", "c: streaming, one event per write")):
+        off = p.med(section, "gateway", "cpu_us_per_req")
+        if off is None:
+            continue
+        cells = [f"{fmt(p.med(section, t, 'cpu_us_per_req'))} "
+                 f"({times(p.ratio(section, 'cpu_us_per_req', t, 'gateway'))})" for t in traced]
+        out.append(f"| {what} (c={_c(p, section)}) | {fmt(off)} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -130,7 +149,7 @@ def ratios_table(p: Points, section: str) -> list[str]:
     dens = [d for d in ("vllm-router", "sglang-router", "baseline", "lean", "naive") if d in names]
     out = ["| CPU per response, ratio | " + " | ".join(f"/ {d}" for d in dens) + " |",
            "|---|" + "---:|" * len(dens)]
-    for name in ("gateway", "pure"):
+    for name in ("gateway", *TRACED, "pure"):
         if name in names:
             out.append(f"| {name} | " + " | ".join(
                 times(p.ratio(section, "cpu_us_per_req", name, d)) for d in dens) + " |")
@@ -232,6 +251,14 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     if any(r["section"] in "abc" for r in p.rows):
         lines += ["## Targets", "", *targets_table(res, p), ""]
+    traced = tracing_table(p)
+    if traced:
+        lines += ["## Tracing", "", "The gateway with `tracing` on (issue 25), exporting over OTLP/gRPC to a "
+                  "collector that accepts everything (`bench/otlp_sink.py`, its CPU not counted), sampling 1% and "
+                  "100% of requests (`sample_ratio`), beside the gateway without it, in the same rounds. Off is a "
+                  "branch on the request path (`python -m bench instructions` counts it); 1% adds the ids every "
+                  "request carries and a `traceparent` upstream; 100% adds three spans per request and their "
+                  "export (the SDK encodes protobuf on the export thread, which shares the GIL).", "", *traced, ""]
     checks = _checks(res, p)
     if checks:
         lines += ["Read before quoting:", "", *[f"- {c}" for c in checks], ""]

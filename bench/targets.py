@@ -2,7 +2,8 @@
 
 For every upstream (nginx's JSON port, nginx's SSE port, the dripping SSE server) one set of targets:
 **direct** (the upstream itself), **gateway** (`python -m gateway serve` as `make install` built it),
-**pure** (the same sources without the modules `make native` compiled, when any are), **lean**
+**trace-1%** and **trace-100%** (the same with tracing on, sampling 1% and all requests, exporting
+to `bench/otlp_sink.py`), **pure** (the same sources without the modules `make native` compiled, when any are), **lean**
 (bench/lean_proxy.py: the gateway's HTTP layers and nothing else, the plain byte relay), **naive**
 (bench/naive_proxy.py, a bare aiohttp proxy), with `--baseline REV` **baseline** (the gateway at an
 earlier commit, built the same way: issue 12's "no regression against the previous commit") and,
@@ -22,8 +23,11 @@ from bench import peers, procs
 from bench.procs import Gateway, PyServer
 
 # Read counts of these are socket reads (uvloop reads with read(2)).
-PYTHON = ("gateway", "pure", "baseline", "lean", "naive")
-ORDER = ("direct", "gateway", "pure", "baseline", "lean", "naive", "vllm-router", "sglang-router", "litellm")
+PYTHON = ("gateway", "trace-1%", "trace-100%", "pure", "baseline", "lean", "naive")
+ORDER = ("direct", "gateway", "trace-1%", "trace-100%", "pure", "baseline", "lean", "naive", "vllm-router",
+         "sglang-router", "litellm")
+# the gateway with tracing on, exporting to a collector (`bench/otlp_sink.py`): the share of requests sampled
+TRACED = {"trace-1%": 0.01, "trace-100%": 1.0}
 
 
 @dataclass(slots=True)
@@ -49,6 +53,7 @@ class Options:
     pure_sources: Path | None  # None: the gateway is pure Python already (no `make native`)
     peers: Sequence[peers.Peer]  # installed peers to run
     baseline: Path | None = None  # the gateway's packages at an earlier commit (procs.baseline_sources)
+    otlp: str | None = None  # a collector's OTLP/gRPC endpoint: the traced gateways (TRACED) export there
 
 
 def start(label: str, upstream_url: str, upstream_pgid: int, tmp: Path, opts: Options, started: list[Any],
@@ -59,6 +64,11 @@ def start(label: str, upstream_url: str, upstream_pgid: int, tmp: Path, opts: Op
     gw = Gateway(f"gateway-{label}", upstream_url, tmp)
     started.append(gw)
     out.append(Target("gateway", gw.url, gw.pid))
+    for name, ratio in TRACED.items() if opts.otlp is not None else ():
+        traced = Gateway(f"{name.rstrip('%')}-{label}", upstream_url, tmp,
+                         tracing={"otlp_endpoint": opts.otlp, "sample_ratio": ratio})
+        started.append(traced)
+        out.append(Target(name, traced.url, traced.pid))
     if opts.pure_sources is not None:
         pure = Gateway(f"pure-{label}", upstream_url, tmp, sources=opts.pure_sources)
         started.append(pure)

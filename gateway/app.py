@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from backends.base import Adapter
 from backends.registry import adapter_for
 
-from . import observability
+from . import observability, tracing
 from .access.auth import Guard
 from .access.ratelimit import KeyLimiter, Limiter, LocalLimiter
 from .access.secrets import CredentialedAdapter, Secrets, resolve_secrets
@@ -164,8 +164,11 @@ async def build(
     owners = ResponseOwners()  # and which backend stores which response
     arms = observability.ArmMetrics(registry)
     ranks = RankMetrics(registry, LivePool(generations))  # per data-parallel rank (`observability/ranks.py`)
+    # one per process: every worker and replica exports its own spans (off: None, and no SDK loaded)
+    tracer = tracing.build(settings, throughput=stats.peak_output_tps, registry=registry)
+    access = [observability.access_log.record] if settings.listen.access_log else []
     recorder = Recorder(registry, LivePool(generations), clock=clock,
-                        observers=[stats.record, arms.record, ranks.record])
+                        observers=[stats.record, arms.record, ranks.record, *access])
     # a worker leases from its supervisor's buckets (`cluster.hub_limits`); with `state`, from Redis first
     limiter: Limiter = LocalLimiter(KeyLimiter(clock)) if link is None else link.limiter(clock)
     shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None, clock=clock)
@@ -244,7 +247,7 @@ async def build(
     activate(first)
     generations.install(first)
     reloader = Reloader(generations, build_generation, config_path, activate=activate)
-    dispatcher = Dispatcher(generations, guard, accounting, clock=clock)
+    dispatcher = Dispatcher(generations, guard, accounting, clock=clock, tracing=tracer)
 
     app = web.Application(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
@@ -300,6 +303,8 @@ async def build(
         await shared.close()
         await session.close()
         await upstream.close()
+        if tracer is not None:
+            await tracer.close()  # what is queued goes, for a few seconds at most
 
     app.cleanup_ctx.append(lifetime)
     return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard, membership,

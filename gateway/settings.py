@@ -45,6 +45,8 @@ class Listen(_Strict):
     # Who parses the generation requests: the native httptools front (default, a fraction of the
     # CPU per request) or aiohttp's server, which serves every other path in both modes.
     front: Literal["native", "aiohttp"] = "native"
+    # One line per finished request on the `gateway.access` logger (with its trace id when tracing is on).
+    access_log: bool = False
 
 
 class KvEvents(_Strict):
@@ -318,6 +320,19 @@ class State(_Strict):
     sync_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.2  # how often shared weights are read
 
 
+class Tracing(_Strict):
+    """OpenTelemetry traces (`gateway/tracing`): off when the section is absent, unless the standard
+    `OTEL_*` variables turn them on; where those are set they win over these keys."""
+
+    # gRPC: `host:port` or `http://host:port`; http/protobuf: the URL (`/v1/traces` added when it has no path).
+    # Default: the OTLP defaults, localhost:4317 (gRPC) or http://localhost:4318/v1/traces.
+    otlp_endpoint: Annotated[str, Field(min_length=1)] | None = None
+    protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    sample_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0  # of requests without a sampled parent
+    service_name: Annotated[str, Field(min_length=1)] = "inference-gateway"
+    headers: dict[str, str] = {}  # sent with every export (e.g. a collector's API key)
+
+
 class Settings(_Strict):
     listen: Listen = Listen()
     backends: list[Backend] = []  # static backends; may be empty when `discovery` finds them
@@ -329,6 +344,7 @@ class Settings(_Strict):
     limits: Limits = Limits()
     auth: Auth = Auth()
     state: State | None = None
+    tracing: Tracing | None = None
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Settings:

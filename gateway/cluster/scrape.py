@@ -26,7 +26,10 @@ its generations. By rule (`Merge`):
 
 Whatever the rule, a counter never goes backwards in the merge: a live worker's series that goes
 down (its state was recreated) or disappears keeps what it had counted. `_created` samples are
-dropped: a merge of several processes' creation times means nothing.
+dropped: a merge of several processes' creation times means nothing. Exemplars (a histogram
+bucket's link to the trace of one request in it, `observability.lockfree`) merge by recency: a
+merged bucket carries the newest exemplar any worker reported for it, and keeps it when that worker
+goes (it points at a trace, which outlives the worker that recorded it).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
+from prometheus_client.core import Exemplar, Metric
 from prometheus_client.exposition import choose_encoder
 
 from ..merge_rules import COUNTER_RULES, Merge, rule_of
@@ -47,8 +50,10 @@ log = logging.getLogger(__name__)
 
 Labels = tuple[tuple[str, str], ...]
 Sample = tuple[str, Labels]  # (sample name, labels) within a family
-# [[name, type, documentation, unit, [[sample name, labels, value], ...], rule], ...]
+# [[name, type, documentation, unit, [[sample name, labels, value(, exemplar)], ...], rule], ...]
+# with exemplar = [labels, value, timestamp] on the bucket samples that have one
 Dump = list[list[Any]]
+Kept = tuple[dict[str, str], float, float | None]  # an exemplar: labels, value, timestamp
 
 MONOTONIC_TYPES = frozenset({"counter", "histogram", "summary"})
 MONOTONIC_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
@@ -59,7 +64,9 @@ def dump(registry: CollectorRegistry) -> Dump:
     """Every family `registry` collects now, as plain data (for the channel), with its merge rule."""
     out: Dump = []
     for m in registry.collect():
-        samples = [[s.name, s.labels, s.value] for s in m.samples if not s.name.endswith("_created")]
+        samples = [[s.name, s.labels, s.value] if s.exemplar is None else
+                   [s.name, s.labels, s.value, [s.exemplar.labels, s.exemplar.value, s.exemplar.timestamp]]
+                   for s in m.samples if not s.name.endswith("_created")]
         rule = rule_of(m.name)
         out.append([m.name, m.type, m.documentation, m.unit, samples, None if rule is None else rule.value])
     return out
@@ -139,6 +146,7 @@ class ScrapeMerger:
         self._retired: dict[tuple[str, Sample], dict[str, float]] = {}
         self._voices: dict[str, _Voice] = {}
         self._warned: set[str] = set()
+        self._exemplars: dict[tuple[str, Sample], Kept] = {}  # the newest of each bucket, from any source
 
     @property
     def sources(self) -> list[str]:
@@ -151,12 +159,21 @@ class ScrapeMerger:
         counts = self._counts.setdefault(source, _Counts())
         for name, kind, doc, unit, samples, rule in families:
             family = self._family(name, kind, doc, unit, rule)
-            for sample, labels, value in samples:
+            for row in samples:
+                sample, labels, value = row[0], row[1], row[2]
                 key = (sample, _key(labels))
                 family.order.setdefault(key, labels)
                 if _monotonic(kind, sample):
                     counts.see(name, key, _value(value))
+                if len(row) > 3:
+                    self._keep_exemplar(name, key, row[3])
         self._listen()
+
+    def _keep_exemplar(self, family: str, key: Sample, raw: list[Any]) -> None:
+        labels, value, at = dict(raw[0]), _value(raw[1]), None if raw[2] is None else float(raw[2])
+        kept = self._exemplars.get((family, key))
+        if kept is None or (at or 0.0) >= (kept[2] or 0.0):
+            self._exemplars[(family, key)] = (labels, value, at)
 
     def retire(self, source: str) -> None:
         """`source` is gone: what it counted stays in every merge from now on, its gauges go."""
@@ -218,7 +235,8 @@ class ScrapeMerger:
         for source, families in self._live.items():
             for name, kind, _, _, samples, _ in families:
                 into = gauges.setdefault(name, {})
-                for sample, labels, value in samples:
+                for row in samples:
+                    sample, labels, value = row[0], row[1], row[2]
                     if not _monotonic(kind, sample):
                         into.setdefault((sample, _key(labels)), []).append((source, _value(value)))
         counts = {source: c for source, c in self._counts.items() if source in self._live}
@@ -237,10 +255,12 @@ class ScrapeMerger:
     def _add_count(self, metric: Metric, name: str, rule: Merge, key: Sample, labels: dict[str, str],
                    live: Mapping[str, Mapping[Sample, float]]) -> None:
         sample = key[0]
+        kept = self._exemplars.get((name, key))
+        exemplar = None if kept is None else Exemplar(*kept)
         if rule is Merge.ONCE:
             voice = self._voices.get(name)
             if voice is not None and key in voice.counted:
-                metric.add_sample(sample, labels, voice.counted[key])
+                metric.add_sample(sample, labels, voice.counted[key], exemplar=exemplar)
             return
         retired = self._retired.get((name, key), {})
         if rule is Merge.WORKER:
@@ -250,11 +270,11 @@ class ScrapeMerger:
                     worker = self._workers[source]
                     per[worker] = per.get(worker, 0.0) + values[key]
             for worker in sorted(per):
-                metric.add_sample(sample, {**labels, WORKER_LABEL: worker}, per[worker])
+                metric.add_sample(sample, {**labels, WORKER_LABEL: worker}, per[worker], exemplar=exemplar)
             return
         counted = [v[key] for v in live.values() if key in v]
         if counted or retired:
-            metric.add_sample(sample, labels, math.fsum([*counted, *retired.values()]))
+            metric.add_sample(sample, labels, math.fsum([*counted, *retired.values()]), exemplar=exemplar)
 
     def _add_gauge(self, metric: Metric, name: str, rule: Merge, key: Sample, labels: dict[str, str],
                    values: list[tuple[str, float]]) -> None:

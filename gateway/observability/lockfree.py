@@ -12,24 +12,38 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily
 
 C = TypeVar("C")
+EXEMPLAR_LABEL: Final = "trace_id"  # what Grafana and Prometheus look for to link a bucket to its trace
 
 
 class HistogramChild:
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts", "exemplars", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # last slot: above every finite bound (+Inf)
         self.sum = 0.0
+        # per bucket, the latest observation that came with a trace: (trace id, value, Unix time)
+        self.exemplars: list[tuple[str, float, float] | None] | None = None
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+    def observe_exemplar(self, value: float, trace_id: str, at: float) -> None:
+        """`observe(value)`, kept as its bucket's exemplar (OpenMetrics: a link from the bucket to
+        the trace of a request in it)."""
+        i = bisect_left(self.bounds, value)
+        self.counts[i] += 1
+        self.sum += value
+        exemplars = self.exemplars
+        if exemplars is None:
+            exemplars = self.exemplars = [None] * len(self.counts)
+        exemplars[i] = (trace_id, value, at)
 
     def observe_many(self, values: Iterable[float]) -> None:
         bounds, counts = self.bounds, self.counts
@@ -86,10 +100,17 @@ class FastHistogram(_Family[HistogramChild]):
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in self._children.items():
-            cumulative, acc = [], 0
-            for bound, count in zip((*self.bounds, math.inf), child.counts, strict=True):
+            cumulative: list[Any] = []
+            acc = 0
+            exemplars = child.exemplars
+            for i, (bound, count) in enumerate(zip((*self.bounds, math.inf), child.counts, strict=True)):
                 acc += count
-                cumulative.append(("+Inf" if math.isinf(bound) else repr(bound), float(acc)))
+                name = "+Inf" if math.isinf(bound) else repr(bound)
+                kept = exemplars[i] if exemplars is not None else None
+                if kept is None:
+                    cumulative.append((name, float(acc)))
+                else:
+                    cumulative.append((name, float(acc), Exemplar({EXEMPLAR_LABEL: kept[0]}, kept[1], kept[2])))
             family.add_metric(list(values), cumulative, child.sum)
         yield family
 

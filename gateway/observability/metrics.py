@@ -200,14 +200,22 @@ class Recorder:
             for observe in self.observers:
                 observe(o)
             return
-        s.duration.observe(o.duration_s)
+        exemplar = o.trace_id if o.sampled else None  # a sampled request's trace, linked from its buckets
+        at = o.finished_at  # the gateway's clock reads as Unix time (`cluster.clock`)
+        if exemplar is None:
+            s.duration.observe(o.duration_s)
+        else:
+            s.duration.observe_exemplar(o.duration_s, exemplar, at)
         error_type = "" if o.status[0] == "2" else o.status
         genai_duration = s.genai_durations.get(error_type)
         if genai_duration is None:
             genai_duration = s.genai_durations[error_type] = self.genai_duration.labels(
                 o.runtime, o.model, o.backend, error_type
             )
-        genai_duration.observe(o.duration_s)
+        if exemplar is None:
+            genai_duration.observe(o.duration_s)
+        else:
+            genai_duration.observe_exemplar(o.duration_s, exemplar, at)
         usage = o.usage
         if usage is not None:
             s.prompt.inc(usage.prompt_tokens)
@@ -217,8 +225,12 @@ class Recorder:
             s.genai_input.observe(usage.prompt_tokens)
             s.genai_output.observe(usage.completion_tokens)
         if o.ttft_s is not None:
-            s.ttft.observe(o.ttft_s)
-            s.genai_ttft.observe(o.ttft_s)
+            if exemplar is None:
+                s.ttft.observe(o.ttft_s)
+                s.genai_ttft.observe(o.ttft_s)
+            else:
+                s.ttft.observe_exemplar(o.ttft_s, exemplar, at)
+                s.genai_ttft.observe_exemplar(o.ttft_s, exemplar, at)
             if usage is not None and usage.completion_tokens > 1:
                 s.genai_tpot.observe(max(o.duration_s - o.ttft_s, 0.0) / (usage.completion_tokens - 1))
         if o.gaps is not None and o.gaps.count:

@@ -146,13 +146,17 @@ class Outcome:
     prediction: Final[str | None]
     endpoint: Final[str]  # `backends.base.Endpoint`: chat, completions, responses, embeddings, tokenize, ...
     rank: Final[int | None]  # the backend's data-parallel rank it was pinned to (None: not pinned)
+    request_id: Final[str]  # (the access log's, never a metrics label)
+    trace_id: Final[str | None]  # the request's trace when tracing is on (`gateway.tracing`)
+    sampled: Final[bool]  # ... and whether its spans were recorded (metrics exemplars point only at those)
 
     def __init__(
         self, backend: str, runtime: str, model: str, status: str, duration_s: float,
         usage: Usage | None = None, ttft_s: float | None = None, gaps: Gaps | None = None, reason: str = NONE,
         arm: str | None = None, sla: str | None = None, finished_at: float = 0.0, usage_estimated: bool = False,
         generation_s: float | None = None, expected_cached_tokens: int | None = None, prediction: str | None = None,
-        endpoint: str = "chat", rank: int | None = None,
+        endpoint: str = "chat", rank: int | None = None, request_id: str = "", trace_id: str | None = None,
+        sampled: bool = False,
     ) -> None:
         self.backend = backend
         self.runtime = runtime
@@ -172,3 +176,6 @@ class Outcome:
         self.prediction = prediction
         self.endpoint = endpoint
         self.rank = rank
+        self.request_id = request_id
+        self.trace_id = trace_id
+        self.sampled = sampled

@@ -100,6 +100,7 @@ class Accounting:
             ex.ticket = None
         if state is not None and ex.verdict is not None and ex.pool is not None:
             self.judge(ex.pool, state, ok=ex.verdict, detail=None if ex.verdict else ex.status)
+        trace = ex.trace
         outcome = Outcome(
             state.name if state else NONE,
             state.runtime if state else NONE,
@@ -120,7 +121,12 @@ class Accounting:
             prediction=prediction,
             endpoint=ex.endpoint.value,
             rank=ex.rank if state is not None else None,
+            request_id=ex.request_id,
+            trace_id=trace.trace_id_hex if trace is not None else None,
+            sampled=trace is not None and trace.sampled,
         )
         self._recorder.record(outcome)
         if ex.key is not None and self._charge_key is not None:
             self._charge_key(ex.key, outcome)
+        if trace is not None:  # every span of the request ends (the one that opened the response too)
+            trace.finish(outcome, state)

@@ -182,6 +182,9 @@ class Attempts:
                     self._recorder.retry(state.name, state.runtime, type(exc).__name__)
 
     def _decide(self, route: RouteState, ex: Exchange, candidates: list[str], *, count: bool) -> BackendState:
+        trace = ex.trace
+        if trace is not None:
+            trace.routing()
         snapshot = self._routing.snapshot(self._pool.snapshot(candidates, self._throughput))
         req = RouteRequest(route.config.model, next(route.seq), frozenset(ex.tried), ex.features)
         decision = decide(route.policy, req, snapshot, self._rng)
@@ -197,6 +200,9 @@ class Attempts:
                                      self._clock())
         if count:
             self._recorder.decision(route.config.model, route.policy.name, decision.reason)
+        if trace is not None:
+            trace.routed(route.policy.name, candidates, decision, arm=ex.arm, ab_excluded=ex.ab_excluded,
+                         sla=ex.features.sla)
         if decision.reject:
             retry_after = max(1, math.ceil(decision.retry_after_s or 1.0))
             raise SlaUnattainable(
@@ -233,16 +239,18 @@ class Attempts:
             pin = state.pin
             if rank is not None and pin is not None:
                 upstream = pinned(upstream, pin, rank)
+            trace = ex.trace  # (traceparent: the engine's spans join the trace, as children of this attempt)
+            headers = upstream.headers if trace is None else trace.attempt(state, upstream.headers, ex.upstream_id)
             deadline = self._deadlines.after(self._timeouts.first_token_s if stream else self._timeouts.total_s)
             with map_client_errors(state.name), deadline:
-                resp = await self._upstream.request(
-                    state.base_url, "POST", upstream.path, upstream.headers, upstream.body
-                )
+                resp = await self._upstream.request(state.base_url, "POST", upstream.path, headers, upstream.body)
                 ex.engine_worked = resp.status < 400
                 if resp.status >= 400:
                     self._upstream_error(state, resp.status, await resp.read(), ex)
                 first = await resp.readany() if stream else await resp.read()
         except BaseException as failure:  # incl. cancellation: every dispatched ticket is closed once
+            if ex.trace is not None:
+                ex.trace.attempt_failed(failure)
             if resp is not None:
                 resp.close()
             state.in_flight -= 1

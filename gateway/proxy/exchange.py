@@ -16,6 +16,7 @@ from ..routing.capabilities import Needs
 from ..routing.state import Ticket
 from ..settings import ApiKey
 from ..state.pool import BackendState, Pool
+from ..tracing.trace import Trace
 from .request import ParsedRequest
 from .sse import StreamStats
 
@@ -77,11 +78,12 @@ class Exchange:
     verdict: bool | None
     pool: Pool | None  # the pool of the config generation serving it
     recorded: bool
+    trace: Trace | None  # its trace when tracing is on (`gateway.tracing`), else None
 
     def __init__(
         self, request_id: str, endpoint: Endpoint, started: float, *, status: str = "500", model: str = NONE,
         parsed: ParsedRequest | None = None, features: RequestFeatures = NO_FEATURES, arm: str | None = None,
-        capable: tuple[str, ...] = (), bridged: frozenset[str] = frozenset(),
+        capable: tuple[str, ...] = (), bridged: frozenset[str] = frozenset(), trace: Trace | None = None,
     ) -> None:
         self.request_id = request_id
         self.endpoint = endpoint
@@ -112,6 +114,7 @@ class Exchange:
         self.verdict = None
         self.pool = None
         self.recorded = False
+        self.trace = trace
 
 
 def sla_outcome(

@@ -17,6 +17,7 @@ from ..errors import BackendError, BackendProtocolError, BackendTimeout, BadGate
 from ..observability.outcome import NONE
 from ..settings import Timeouts
 from ..state.pool import BackendState
+from ..tracing.trace import TRACE_ID_HEADER
 from .attempts import Opened, map_client_errors
 from .deadlines import Deadlines
 from .exchange import Exchange
@@ -45,6 +46,8 @@ def response_headers(state: BackendState, ex: Exchange, content_type: str) -> di
         headers["x-gateway-expected-cached-tokens"] = str(ex.ticket.expected_tokens)
     if ex.rate_headers:
         headers.update(ex.rate_headers)
+    if ex.trace is not None:
+        headers[TRACE_ID_HEADER] = ex.trace.trace_id_hex
     return headers
 
 
@@ -87,6 +90,8 @@ class Relay:
     def body(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
+        if ex.trace is not None:  # a sampled request's sink notes the finish reasons
+            sink = ex.trace.observe(sink)
         try:
             translated = opened.adapter.translate_response(
                 parsed.request, opened.resp.status, opened.first, model=parsed.model, request_id=ex.request_id
@@ -103,6 +108,8 @@ class Relay:
     async def stream(self, sink: ResponseSink, opened: Opened, ex: Exchange) -> None:
         state, parsed = opened.state, ex.parsed
         assert parsed is not None
+        if ex.trace is not None:
+            sink = ex.trace.observe(sink)
         translator = opened.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
         backend_model = parsed.model if translator is not None else state.config.model
         relay: StreamRelay

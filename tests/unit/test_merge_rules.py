@@ -44,6 +44,7 @@ def everything() -> Settings:
         ],
         "auth": {"api_keys": [{"id": "k", "key": hash_key("sk-k"), "requests_per_minute": 5}]},
         "state": {"redis_url": f"redis://127.0.0.1:{free_port()}"},
+        "tracing": {"otlp_endpoint": f"127.0.0.1:{free_port()}"},
     })
 
 
@@ -69,7 +70,8 @@ async def test_every_family_of_a_fully_configured_gateway_declares_its_merge_rul
     hub = Hub(Committed.first(everything()), config_path=None, build_pool=build_pool)
     found = {**families(gateway_registry), **families(hub.registry)}
     assert {"gateway_kv_events_live", "gateway_discovery_endpoints", "gateway_state_store_up", "gateway_key_requests",
-            "gateway_backend_cost_per_million_tokens_usd", "gateway_workers", "process_open_fds"} <= set(found)
+            "gateway_backend_cost_per_million_tokens_usd", "gateway_workers", "process_open_fds",
+            "gateway_tracing_spans_dropped"} <= set(found)
     undeclared = sorted(name for name in found if rule_of(name) is None)
     assert undeclared == [], "declare a merge rule where the family is defined (gateway.merge_rules)"
     counters = {name: rule_of(name) for name, kind in found.items() if kind in ("counter", "histogram", "summary")}
