@@ -23,6 +23,7 @@ from backends.base import Endpoint, Usage
 
 from ..observability.metrics import Recorder
 from ..observability.outcome import NONE, Outcome
+from ..observability.pd import PdMetrics
 from ..routing import RoutingState
 from ..settings import ApiKey
 from ..state.pool import BackendState, Pool
@@ -41,9 +42,10 @@ log = logging.getLogger(__name__)
 class Accounting:
     def __init__(
         self, recorder: Recorder, routing: RoutingState, *, clock: Callable[[], float],
-        charge_key: KeyCharge | None = None,
+        charge_key: KeyCharge | None = None, pd: PdMetrics | None = None,
     ) -> None:
         self._recorder = recorder
+        self._pd = pd
         self._routing = routing
         self._clock = clock
         self._charge_key = charge_key
@@ -126,6 +128,10 @@ class Accounting:
             sampled=trace is not None and trace.sampled,
         )
         self._recorder.record(outcome)
+        pair = ex.pair
+        if pair is not None and self._pd is not None:  # a split request: its pair's figures
+            self._pd.finish(ex.model, pair, state.name if state else NONE, ok=ex.status == "200",
+                            first_token_at=stream.first_token_at if stream is not None else None, started=ex.started)
         if ex.key is not None and self._charge_key is not None:
             self._charge_key(ex.key, outcome)
         if trace is not None:  # every span of the request ends (the one that opened the response too)
