@@ -103,6 +103,11 @@ class Accounting:
         if state is not None and ex.verdict is not None and ex.pool is not None:
             self.judge(ex.pool, state, ok=ex.verdict, detail=None if ex.verdict else ex.status)
         trace = ex.trace
+        pair = ex.pair
+        transfer = None
+        if pair is not None and pair.prefill_ended_at is not None and stream is not None \
+                and stream.first_token_at is not None:
+            transfer = max(0.0, stream.first_token_at - pair.prefill_ended_at)
         outcome = Outcome(
             state.name if state else NONE,
             state.runtime if state else NONE,
@@ -126,9 +131,12 @@ class Accounting:
             request_id=ex.request_id,
             trace_id=trace.trace_id_hex if trace is not None else None,
             sampled=trace is not None and trace.sampled,
+            topology=ex.topology,
+            prefill=pair.prefill if pair is not None else None,
+            prefill_s=pair.prefill_s if pair is not None else None,
+            transfer_s=transfer,
         )
         self._recorder.record(outcome)
-        pair = ex.pair
         if pair is not None and self._pd is not None:  # a split request: its pair's figures
             self._pd.finish(ex.model, pair, state.name if state else NONE, ok=ex.status == "200",
                             first_token_at=stream.first_token_at if stream is not None else None, started=ex.started)

@@ -81,6 +81,7 @@ class Exchange:
     recorded: bool
     trace: Trace | None  # its trace when tracing is on (`gateway.tracing`), else None
     pair: PairRecord | None  # a split (disaggregated) request's prefill leg (`proxy.pairs`)
+    topology: str | None  # on a disaggregated route: "split" or "whole"
 
     def __init__(
         self, request_id: str, endpoint: Endpoint, started: float, *, status: str = "500", model: str = NONE,
@@ -118,6 +119,7 @@ class Exchange:
         self.recorded = False
         self.trace = trace
         self.pair = None
+        self.topology = None
 
 
 def sla_outcome(

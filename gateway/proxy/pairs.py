@@ -97,6 +97,7 @@ class Pairs:
         if self._metrics is not None:
             reason = chosen.reason if runtime in PROTOCOLS else "unsupported_runtime"
             self._metrics.decision(route.config.model, "split" if split else "whole", reason)
+        ex.topology = "split" if split else "whole"
         if not split:
             return decode_pool
         record = ex.pair = PairRecord(chosen.reason)

@@ -16,7 +16,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from backends.emulator import RunningEmulator
 
-from .harness import Emulators, GatewayProcess, backend_entry, eventually
+from .harness import Emulators, GatewayProcess, backend_entry, eventually, wait_for
 
 Gateway = Callable[..., GatewayProcess]
 LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me about the sea " * 200}]
@@ -121,3 +121,28 @@ def test_with_no_prefill_left_the_decode_serves_alone(emulators: Emulators, gate
     assert served(d) == 1
     assert gw.metric("gateway_pd_requests_total", prefill="none", decode="d0", outcome="prefill_failed") == 1
     assert gw.metric("gateway_requests_total", backend="d0", status="200") == 1
+
+
+def test_the_comparison_shows_pairs_their_legs_and_the_topologies(emulators: Emulators, gateway: Gateway) -> None:
+    (p,), d, backends = pair(emulators)
+    gw = gateway(backends, routes=pd_route(backends, when="auto", min_uncached_tokens=256, handoff="storage"))
+    client = gw.client()
+    other: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me about the sky " * 200}]
+    for messages in (LONG, other, SHORT, LONG):  # the last is cached on the decode by now: kept whole
+        list(client.chat.completions.create(model="moe", messages=messages, max_tokens=3, stream=True))
+
+    def document() -> dict[str, Any]:
+        doc: dict[str, Any] = gw.get("/admin/compare?window=60").json()
+        return doc
+
+    doc = wait_for(document, lambda doc: sum(r["requests"] for r in doc["topologies"]) == 4, what="topology rows")
+    topologies = {r["name"]: r for r in doc["topologies"]}
+    assert (topologies["split"]["requests"], topologies["whole"]["requests"]) == (2, 2)
+    assert topologies["split"]["ttft_s"]["n"] == 2
+    [row] = doc["pairs"]
+    assert (row["route"], row["prefill"], row["decode"], row["requests"]) == ("moe", "p0", "d0", 2)
+    assert row["prefill_s"]["n"] == 2
+    assert row["transfer_s"]["n"] == 2
+    assert row["ttft_s"]["p50"] >= row["prefill_s"]["p50"]  # the true TTFT includes the prefill leg
+    assert served(p) == 2
+    assert served(d) == 4
