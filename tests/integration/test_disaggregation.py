@@ -8,13 +8,15 @@ decode, with the legs and pairs in their own families.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from backends.emulator import RunningEmulator
+from backends.emulator import DisaggConfig, RunningEmulator
 
 from .harness import Emulators, GatewayProcess, backend_entry, eventually, wait_for
 
@@ -69,6 +71,40 @@ def test_a_split_request_runs_the_prefill_then_answers_from_the_decode(emulators
     if stream:
         assert gw.metric("gateway_pd_ttft_seconds_count", prefill="p0", decode="d0") == 1
         assert gw.metric("gateway_pd_transfer_seconds_count", prefill="p0", decode="d0") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_nixl_params_reach_the_decode_and_it_pulls_the_kv(emulators: Emulators, gateway: Gateway,
+                                                          stream: bool) -> None:
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    d = emulators.start("vllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    client = gw.client()
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="moe", messages=LONG, max_tokens=4, stream=True) if c.choices)
+    else:
+        text = client.chat.completions.create(model="moe", messages=LONG, max_tokens=4).choices[0].message.content or ""
+    assert text
+    eventually(lambda: d.ctx.stats.kv_pulled == 1)
+    assert p.ctx.stats.kv_produced == 1
+    assert d.ctx.stats.kv_recomputed == 0
+    assert d.ctx.stats.kv_pulled_tokens > 0
+    assert gw.metric("gateway_pd_legs_total", backend="p0", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="ok") == 1
+
+
+def test_example_connector_storage_handoff(emulators: Emulators, gateway: Gateway, tmp_path: Path) -> None:
+    shared = DisaggConfig(connector="ExampleConnector", shared_storage_path=str(tmp_path))
+    p = emulators.start("vllm", disagg=dataclasses.replace(shared, role="prefill"))
+    d = emulators.start("vllm", disagg=dataclasses.replace(shared, role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always", handoff="storage"))
+    assert gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=3).choices[0].message.content
+    eventually(lambda: served(d) == 1)
+    assert gw.metric("gateway_pd_legs_total", backend="p0", outcome="ok") == 1  # null params expected
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="ok") == 1
 
 
 def test_a_prefill_without_params_is_a_failed_handoff_in_the_figures(emulators: Emulators, gateway: Gateway) -> None:
