@@ -23,6 +23,7 @@ Labels are config names only. Every family adds up over workers (`Merge.SUM`).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,6 +51,7 @@ class PairRecord:
     prefill_s: float | None = None
     prefill_ended_at: float | None = None  # on the request clock
     handoff: str = "ok"  # ok | failed (params expected, none usable) | prefill_failed
+    task: asyncio.Future[None] | None = None  # a prefill leg running beside the decode's (SGLang)
 
 
 class PdMetrics:

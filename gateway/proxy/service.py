@@ -178,19 +178,23 @@ class Proxy:
         spec = self._pairs.applies(route, ex)
         if spec is not None:  # prefill/decode disaggregation: maybe a prefill leg first
             candidates = await self._pairs.prepare(route, ex, spec, candidates)
-        opened = await self._attempts.open(route, ex, candidates)
         try:
-            self.shadows.maybe(route, ex)
-            if ex.parsed.request.stream:
-                await self._relay.stream(sink, opened, ex)
-            else:
-                self._relay.body(sink, opened, ex)
-            if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
-                    self.capabilities.of(opened.state.name, route.config):
-                self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
+            opened = await self._attempts.open(route, ex, candidates)
+            try:
+                self.shadows.maybe(route, ex)
+                if ex.parsed.request.stream:
+                    await self._relay.stream(sink, opened, ex)
+                else:
+                    self._relay.body(sink, opened, ex)
+                if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
+                        self.capabilities.of(opened.state.name, route.config):
+                    self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
+            finally:
+                opened.resp.close()
+                opened.release()
         finally:
-            opened.resp.close()
-            opened.release()
+            if ex.pair is not None:  # a prefill leg beside the decode's (SGLang) ends with the request
+                await self._pairs.settle(ex)
 
     def _candidates(self, route: RouteState, ex: Exchange, headers: Mapping[str, str]) -> list[str]:
         """The backends this request may use: the route's, or its A/B arm's (chosen once)."""

@@ -182,3 +182,40 @@ def test_the_comparison_shows_pairs_their_legs_and_the_topologies(emulators: Emu
     assert row["ttft_s"]["p50"] >= row["prefill_s"]["p50"]  # the true TTFT includes the prefill leg
     assert served(p) == 2
     assert served(d) == 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglang_sends_both_legs_at_once_and_answers_from_the_decode(emulators: Emulators, gateway: Gateway,
+                                                                    stream: bool) -> None:
+    p = emulators.start("sglang", data_parallel_size=2)
+    d = emulators.start("sglang")
+    backends = [backend_entry("sp", p, "sglang", role="prefill", bootstrap_port=8998, data_parallel_size=2),
+                backend_entry("sd", d, "sglang", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    client = gw.client()
+    if stream:
+        chunks = list(client.chat.completions.create(model="moe", messages=LONG, max_tokens=4, stream=True,
+                                                     stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+    else:
+        usage = client.chat.completions.create(model="moe", messages=LONG, max_tokens=4).usage
+    assert usage is not None
+    assert usage.completion_tokens == 4
+    eventually(lambda: served(p) == 1 and served(d) == 1)
+    assert gw.metric("gateway_requests_total", backend="sd", status="200") == 1  # once, as the decode's
+    assert gw.metric("gateway_requests_total", backend="sp") == 0
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="sp", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="sp", decode="sd", outcome="ok") == 1
+    assert sum(p.served_by_rank()) == 1  # one rank of the wide prefill served its leg, where the room said
+
+
+def test_trtllm_context_then_generation(emulators: Emulators, gateway: Gateway) -> None:
+    c = emulators.start("trtllm")
+    g = emulators.start("trtllm")
+    backends = [backend_entry("ctx", c, "trtllm", role="prefill"), backend_entry("gen", g, "trtllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    reply = gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=4)
+    assert reply.choices[0].message.content
+    eventually(lambda: served(c) == 1 and served(g) == 1)
+    assert gw.metric("gateway_requests_total", backend="gen", status="200") == 1
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="ctx") == 1
