@@ -51,7 +51,7 @@ from ..routing.disaggregation import PairPlan, plan, prefill_again
 from ..settings import Timeouts
 from ..state.pool import Pool
 from .accounting import Accounting
-from .attempts import map_client_errors
+from .attempts import Opened, map_client_errors
 from .deadlines import Deadlines
 from .exchange import Exchange, new_request_id
 from .request import ParsedRequest
@@ -91,9 +91,11 @@ class Pairs:
             return None
         return spec
 
-    async def prepare(self, route: RouteState, ex: Exchange, spec: Disaggregation, candidates: list[str]) -> list[str]:
+    async def prepare(self, route: RouteState, ex: Exchange, spec: Disaggregation,
+                      candidates: list[str]) -> list[str] | Opened:
         """The candidates of the request's answering attempt (the decode leg), after its prefill leg
-        when it is split. Raises nothing of its own: a failed prefill falls back to the decode."""
+        when it is split; or the answer itself, when trtllm's context leg already finished it.
+        Raises nothing of its own: a failed prefill falls back to the decode."""
         pool = self._pool
         names = pool.expand(candidates)
         roles: dict[str, str] = {n: pool[n].config.role for n in names}
@@ -120,6 +122,8 @@ class Pairs:
             body = self._sglang(route, ex, chosen, record)
         else:
             params = await self._prefill(route, ex, spec, chosen, roles, decode_backend, record, runtime)
+            if isinstance(params, Opened):
+                return params
             body = vllm_decode_body(request.body, params) if runtime is Runtime.VLLM else \
                 trtllm_generation_body(request.body, params)
         ex.parsed = ParsedRequest(parsed.model, ClientRequest(request.endpoint, body, request.stream,
@@ -144,7 +148,7 @@ class Pairs:
                      record: PairRecord) -> None:
         started = self._clock()
         try:
-            await self._leg(ex, view, body)
+            await self._leg(ex, view, body)  # drained: only the decode's answer reaches the client
         except (BackendError, GatewayError) as failure:
             record.handoff = "prefill_failed"
             if self._metrics is not None:
@@ -172,7 +176,7 @@ class Pairs:
 
     async def _prefill(self, route: RouteState, ex: Exchange, spec: Disaggregation, chosen: PairPlan,
                        roles: dict[str, str], decode_backend: str, record: PairRecord,
-                       runtime: Runtime) -> dict[str, Any] | None:
+                       runtime: Runtime) -> dict[str, Any] | Opened | None:
         """Leg 1 until one answers (then its params, None when it had none), or None with
         `record.handoff = "prefill_failed"` when none did."""
         decision: Decision | None = chosen.prefill
@@ -187,7 +191,7 @@ class Pairs:
                 assert ex.parsed is not None
                 client = ex.parsed.request.body
                 leg = vllm_prefill_body(client) if runtime is Runtime.VLLM else trtllm_context_body(client)
-                answer = await self._leg(ex, view, leg)
+                answer, resp = await self._leg(ex, view, leg)
             except (BackendError, GatewayError) as failure:
                 kind = type(failure).__name__
                 log.info("request %s: prefill leg on %s failed: %s", ex.request_id, view.backend, kind)
@@ -206,7 +210,12 @@ class Pairs:
             if runtime is Runtime.VLLM:
                 handoff, params = vllm_handoff(answer)
             else:
-                handoff, params, _finished = trtllm_handoff(answer)
+                handoff, params, finished = trtllm_handoff(answer)
+                if finished and not ex.parsed.request.stream:  # the context leg's answer is the whole answer
+                    record.handoff = "finished"
+                    if self._metrics is not None:
+                        self._metrics.leg(model, "prefill", view.backend, "finished", ended - started)
+                    return self._answered(ex, view, resp, answer)
             usable = handoff == "ok" or (spec.handoff == "storage" and handoff == "null")
             if self._metrics is not None:
                 self._metrics.leg(model, "prefill", view.backend, "ok" if usable else "no_params", ended - started)
@@ -218,7 +227,17 @@ class Pairs:
         record.handoff = "prefill_failed"
         return None
 
-    async def _leg(self, ex: Exchange, view: BackendView, leg_body: dict[str, Any]) -> bytes:
+    def _answered(self, ex: Exchange, view: BackendView, resp: UpstreamResponse, answer: bytes) -> Opened:
+        """A finished context answer as the request's response, from the context server."""
+        state = self._pool[view.backend]
+        state.in_flight += 1  # `Opened.release` ends it, as for any response
+        if view.rank is not None:
+            state.rank_in_flight[view.rank] += 1
+        ex.last, ex.rank, ex.engine_worked = state, view.rank, True
+        ex.tried.add(view.backend)
+        return Opened(state, resp, answer, state.adapter, view.rank)
+
+    async def _leg(self, ex: Exchange, view: BackendView, leg_body: dict[str, Any]) -> tuple[bytes, UpstreamResponse]:
         """Send leg 1 to the unit `view` and read its whole answer; BackendError when it failed."""
         state = self._pool[view.backend]
         rank = view.rank
@@ -269,4 +288,5 @@ class Pairs:
             leg.end(status=status)
         self._routing.completed(ticket, cached_tokens=None, prompt_tokens=None, itl_s=None)
         self._accounting.judge(self._pool, state, ok=True)
-        return body
+        assert resp is not None
+        return body, resp

@@ -34,7 +34,7 @@ from ..state.pool import Pool
 from ..state.splits import LiveSplit, Splits
 from ..tokenize import PromptTokenizer
 from .accounting import Accounting
-from .attempts import Attempts, no_healthy_backend
+from .attempts import Attempts, Opened, no_healthy_backend
 from .capable import Capabilities
 from .deadlines import Deadlines
 from .exchange import Exchange
@@ -176,10 +176,15 @@ class Proxy:
         route = self._routes[ex.model]
         candidates = self._candidates(route, ex, headers)
         spec = self._pairs.applies(route, ex)
+        answered: Opened | None = None
         if spec is not None:  # prefill/decode disaggregation: maybe a prefill leg first
-            candidates = await self._pairs.prepare(route, ex, spec, candidates)
+            prepared = await self._pairs.prepare(route, ex, spec, candidates)
+            if isinstance(prepared, Opened):
+                answered = prepared  # a trtllm context leg that finished the request
+            else:
+                candidates = prepared
         try:
-            opened = await self._attempts.open(route, ex, candidates)
+            opened = answered if answered is not None else await self._attempts.open(route, ex, candidates)
             try:
                 self.shadows.maybe(route, ex)
                 if ex.parsed.request.stream:
