@@ -187,9 +187,11 @@ def test_the_comparison_shows_pairs_their_legs_and_the_topologies(emulators: Emu
 @pytest.mark.parametrize("stream", [False, True])
 def test_sglang_sends_both_legs_at_once_and_answers_from_the_decode(emulators: Emulators, gateway: Gateway,
                                                                     stream: bool) -> None:
-    p = emulators.start("sglang", data_parallel_size=2)
-    d = emulators.start("sglang")
-    backends = [backend_entry("sp", p, "sglang", role="prefill", bootstrap_port=8998, data_parallel_size=2),
+    p = emulators.start("sglang", data_parallel_size=2, disagg=DisaggConfig(role="prefill", bootstrap_port=0))
+    d = emulators.start("sglang", disagg=DisaggConfig(role="decode"))
+    assert p.bootstrap_port is not None
+    backends = [backend_entry("sp", p, "sglang", role="prefill", bootstrap_port=p.bootstrap_port,
+                              data_parallel_size=2),
                 backend_entry("sd", d, "sglang", role="decode")]
     gw = gateway(backends, routes=pd_route(backends, when="always"))
     client = gw.client()
@@ -207,15 +209,21 @@ def test_sglang_sends_both_legs_at_once_and_answers_from_the_decode(emulators: E
     assert gw.metric("gateway_pd_legs_total", role="prefill", backend="sp", outcome="ok") == 1
     assert gw.metric("gateway_pd_requests_total", prefill="sp", decode="sd", outcome="ok") == 1
     assert sum(p.served_by_rank()) == 1  # one rank of the wide prefill served its leg, where the room said
+    assert p.ctx.stats.kv_produced == 1
+    assert d.ctx.stats.kv_pulled == 1  # the rendezvous met: the decode computed no prefill of its own
+    assert d.ctx.stats.pd_failed == 0
 
 
 def test_trtllm_context_then_generation(emulators: Emulators, gateway: Gateway) -> None:
-    c = emulators.start("trtllm")
-    g = emulators.start("trtllm")
+    c = emulators.start("trtllm", disagg=DisaggConfig(role="prefill"))
+    g = emulators.start("trtllm", disagg=DisaggConfig(role="decode"))
     backends = [backend_entry("ctx", c, "trtllm", role="prefill"), backend_entry("gen", g, "trtllm", role="decode")]
     gw = gateway(backends, routes=pd_route(backends, when="always"))
     reply = gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=4)
     assert reply.choices[0].message.content
     eventually(lambda: served(c) == 1 and served(g) == 1)
     assert gw.metric("gateway_requests_total", backend="gen", status="200") == 1
-    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="ctx") == 1
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="ctx", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="ctx", decode="gen", outcome="ok") == 1
+    assert c.ctx.stats.kv_produced == 1
+    assert g.ctx.stats.kv_pulled == 1
