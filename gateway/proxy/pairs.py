@@ -86,7 +86,13 @@ class Pairs:
         self._rng = rng
 
     def applies(self, route: RouteState, ex: Exchange) -> Disaggregation | None:
+        """The request's P/D spec: its A/B arm's, else its route's; None when it is served whole."""
         spec = route.config.disaggregation
+        split = route.config.split
+        if split is not None and ex.arm is not None:
+            arm = next((a for a in split.arms if a.name == ex.arm), None)
+            if arm is not None and arm.disaggregation is not None:
+                spec = arm.disaggregation
         if spec is None or ex.endpoint not in SPLITTABLE or ex.bridged:
             return None
         return spec

@@ -102,7 +102,7 @@ class Proxy:
         }
         self.routing = routing if routing is not None else RoutingState()
         # a disaggregated route's prefill is chosen by prefix affinity
-        self._hash_prompts = any(r.policy in PREFIX_POLICIES or r.disaggregation is not None for r in settings.routes)
+        self._hash_prompts = any(r.policy in PREFIX_POLICIES or r.disaggregates for r in settings.routes)
         deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
         self._attempts = Attempts(
             pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,

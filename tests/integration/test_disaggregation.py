@@ -227,3 +227,38 @@ def test_trtllm_context_then_generation(emulators: Emulators, gateway: Gateway) 
     assert gw.metric("gateway_pd_requests_total", prefill="ctx", decode="gen", outcome="ok") == 1
     assert c.ctx.stats.kv_produced == 1
     assert g.ctx.stats.kv_pulled == 1
+
+
+def test_ab_arms_as_topologies_compare_aggregated_with_pd(emulators: Emulators, gateway: Gateway) -> None:
+    """A split route whose arms are an aggregated pool and a P/D pool of one model: each session
+    sticks to its arm, the P/D arm's requests are split, and the comparison has both arms."""
+    a0, a1 = emulators.start("vllm"), emulators.start("vllm")
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    d = emulators.start("vllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("a0", a0, "vllm"), backend_entry("a1", a1, "vllm"),
+                backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    arms = [{"name": "aggregated", "weight": 1, "backends": ["a0", "a1"], "disaggregation": {"when": "never"}},
+            {"name": "pd", "weight": 1, "backends": ["p0", "d0"], "disaggregation": {"when": "always"}}]
+    gw = gateway(backends, routes=[{"model": "moe", "policy": "least_load", "split": {"arms": arms}}])
+    client = gw.client()
+    for i in range(12):
+        assert client.chat.completions.create(model="moe", messages=LONG, max_tokens=2,
+                                              user=f"session-{i}").choices[0].message.content
+    split = gw.metric("gateway_pd_decisions_total", decision="split")
+    whole = gw.metric("gateway_pd_decisions_total", decision="whole", reason="never")
+    assert split + whole == 12
+    assert split >= 1  # both arms got sessions
+    assert whole >= 1
+    assert served(p) == split
+    assert served(d) == split
+    assert served(a0) + served(a1) == whole
+
+    def document() -> dict[str, Any]:
+        doc: dict[str, Any] = gw.get("/admin/compare?window=60").json()
+        return doc
+
+    doc = wait_for(document, lambda doc: sum(r["requests"] for r in doc["arms"]) == 12, what="the arms' rows")
+    assert {r["name"]: r["requests"] for r in doc["arms"]} == {"aggregated": whole, "pd": split}
+    assert {r["name"]: r["requests"] for r in doc["topologies"]} == {"split": split, "whole": whole}
+    [ab] = doc["ab"]
+    assert ab["route"] == "moe"
