@@ -262,3 +262,27 @@ def test_ab_arms_as_topologies_compare_aggregated_with_pd(emulators: Emulators, 
     assert {r["name"]: r["requests"] for r in doc["topologies"]} == {"split": split, "whole": whole}
     [ab] = doc["ab"]
     assert ab["route"] == "moe"
+
+
+def test_pair_figures_cover_every_worker(emulators: Emulators, gateway: Gateway) -> None:
+    """Under `--workers 2` the merged /metrics and /admin/compare count every worker's pairs."""
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    d = emulators.start("vllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"), workers=2)
+    eventually(lambda: gw.get("/ready").status_code == 200)
+    for i in range(6):
+        client = gw.client()  # a new connection each: SO_REUSEPORT spreads them over the workers
+        text: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"story {i} " * 300}]
+        list(client.chat.completions.create(model="moe", messages=text, max_tokens=2, stream=True))
+    eventually(lambda: gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="ok") == 6)
+
+    def document() -> dict[str, Any]:
+        doc: dict[str, Any] = gw.get("/admin/compare?window=60").json()
+        return doc
+
+    doc = wait_for(document, lambda doc: sum(r["requests"] for r in doc["pairs"]) == 6, what="the merged pair row")
+    [row] = doc["pairs"]
+    assert row["prefill_s"]["n"] == 6
+    assert row["transfer_s"]["n"] == 6
+    assert d.ctx.stats.kv_pulled == 6

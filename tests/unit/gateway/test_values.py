@@ -58,7 +58,7 @@ VALUES: list[tuple[type[Any], dict[str, Any]]] = [
                "usage": USAGE, "ttft_s": 0.2, "gaps": GAPS, "reason": "rr", "arm": "a", "sla": "met",
                "finished_at": 10.0, "usage_estimated": True, "generation_s": 1.2, "expected_cached_tokens": 256,
                "prediction": "exact", "endpoint": "completions", "rank": 3, "request_id": "r-1", "trace_id": "ab" * 16,
-               "sampled": True}),
+               "sampled": True, "topology": "split", "prefill": "p0", "prefill_s": 0.3, "transfer_s": 0.01}),
     (Sample, {"at": 3.0, "error": True, "prompt_tokens": 1, "completion_tokens": 2, "cached_tokens": 3,
               "ttft_s": 0.1, "gaps": GAPS, "tpot_s": 0.01, "e2e_s": 0.5, "sla": "missed", "generation_s": 0.4}),
     (Verdict, {"eject_for_s": 5.0, "spared": True, "reason": "5 consecutive failures"}),
