@@ -69,8 +69,11 @@ def _build_face(runtime: Runtime, ctx: FaceContext) -> _Faces:
         from backends.emulator import vllm_face
         from backends.emulator.vllm_metrics import VllmMetrics
 
+        pd = ctx.config.disagg
+        source = "external_unspecified" if pd is not None and pd.connector != "NixlConnector" else "p2p"
         vm = VllmMetrics(ctx.model, ctx.params, max_model_len=ctx.config.max_model_len,
-                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size)
+                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size,
+                         external_source=source)
         return _Faces(vllm_face.build_app(ctx, vm), None, [vm.engine(r) for r in range(size)])
     if runtime is Runtime.SGLANG:
         from backends.emulator import sglang_face
