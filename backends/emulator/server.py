@@ -79,7 +79,10 @@ def _build_face(runtime: Runtime, ctx: FaceContext) -> _Faces:
         from backends.emulator import sglang_face
         from backends.emulator.sglang_metrics import SglangMetrics
 
-        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size)
+        pd = ctx.config.disagg
+        mode = "null" if pd is None or pd.role == "both" else pd.role
+        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size,
+                           disaggregation_mode=mode)
         return _Faces(sglang_face.build_app(ctx, sm), None, [sm.rank(r) for r in range(size)])
     if runtime is Runtime.TRTLLM:
         from backends.emulator import trtllm_face
