@@ -146,6 +146,11 @@ class RunningEmulator:
         return self.ctx.kv_publisher
 
     @property
+    def role(self) -> str | None:
+        """The P/D role (prefill, decode, both), None for an aggregated server."""
+        return None if self.config.disagg is None else self.config.disagg.role
+
+    @property
     def side_channel_ports(self) -> list[int]:
         """Each rank's KV side channel port (vLLM NIXL, trtllm); empty without one."""
         return [h.port for h in self.ctx.handoffs]

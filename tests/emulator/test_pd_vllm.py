@@ -205,3 +205,24 @@ async def test_both_servers_publish_the_prompts_blocks_as_kv_events(emulator: Ma
             replica = Replica()
             replica.apply(ev for b in await sync(sub, emu) for ev in b.events)
             assert replica.leading_hits(blocks) == len(blocks)  # a router would route this prefix to both
+
+
+async def test_completions_legs_and_a_streamed_decode_through_the_official_client(emulator: MakeEmulator) -> None:
+    p, d = await pair(emulator)
+    async with httpx.AsyncClient(timeout=30) as c:
+        leg1 = await c.post(p.url + "/v1/completions", json={
+            "model": "tiny-moe", "prompt": LONG, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS})
+    assert leg1.json()["object"] == "text_completion"
+    params = leg1.json()["kv_transfer_params"]
+    assert set(params) == NIXL_KEYS
+    async with openai.AsyncOpenAI(base_url=d.url + "/v1", api_key="unused") as client:
+        stream = await client.completions.create(
+            model="tiny-moe", prompt=LONG, max_tokens=3, stream=True, stream_options={"include_usage": True},
+            extra_body={"kv_transfer_params": params})
+        chunks = [chunk async for chunk in stream]
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 3
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == min(usage.prompt_tokens // 16 * 16, usage.prompt_tokens - 1)
+    assert d.stats.kv_pulled == 1
