@@ -226,3 +226,18 @@ async def test_completions_legs_and_a_streamed_decode_through_the_official_clien
     assert usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == min(usage.prompt_tokens // 16 * 16, usage.prompt_tokens - 1)
     assert d.stats.kv_pulled == 1
+
+
+async def test_responses_legs_carry_the_params_too(emulator: MakeEmulator) -> None:
+    p, d = await pair(emulator)
+    async with httpx.AsyncClient(timeout=30) as c:
+        leg1 = await c.post(p.url + "/v1/responses", json={
+            "model": "tiny-moe", "input": LONG, "max_output_tokens": 1, "kv_transfer_params": PREFILL_PARAMS})
+        assert set(leg1.json()["kv_transfer_params"]) == NIXL_KEYS
+        async with openai.AsyncOpenAI(base_url=d.url + "/v1", api_key="unused") as client:
+            reply = await client.responses.create(
+                model="tiny-moe", input=LONG, max_output_tokens=3,
+                extra_body={"kv_transfer_params": leg1.json()["kv_transfer_params"]})
+    assert reply.usage is not None
+    assert reply.usage.input_tokens_details.cached_tokens > 0
+    assert d.stats.kv_pulled == 1
