@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+import zmq
+
 from backends.base import Runtime
 from backends.emulator.config import EmulatorConfig, KvEventsConfig
 from backends.emulator.faults import Faults
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, zmq.ZMQError) as exc:  # bad flags; a port in use (HTTP, side channel, bootstrap)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -69,14 +69,20 @@ def _build_face(runtime: Runtime, ctx: FaceContext) -> _Faces:
         from backends.emulator import vllm_face
         from backends.emulator.vllm_metrics import VllmMetrics
 
+        pd = ctx.config.disagg
+        source = "external_unspecified" if pd is not None and pd.connector != "NixlConnector" else "p2p"
         vm = VllmMetrics(ctx.model, ctx.params, max_model_len=ctx.config.max_model_len,
-                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size)
+                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size,
+                         external_source=source)
         return _Faces(vllm_face.build_app(ctx, vm), None, [vm.engine(r) for r in range(size)])
     if runtime is Runtime.SGLANG:
         from backends.emulator import sglang_face
         from backends.emulator.sglang_metrics import SglangMetrics
 
-        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size)
+        pd = ctx.config.disagg
+        mode = "null" if pd is None or pd.role == "both" else pd.role
+        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size,
+                           disaggregation_mode=mode)
         return _Faces(sglang_face.build_app(ctx, sm), None, [sm.rank(r) for r in range(size)])
     if runtime is Runtime.TRTLLM:
         from backends.emulator import trtllm_face
@@ -138,6 +144,11 @@ class RunningEmulator:
     def kv_events(self) -> KvPublisher | None:
         """The KV-event publisher (test knobs: `drop_next()`, `silence()`), None when not configured."""
         return self.ctx.kv_publisher
+
+    @property
+    def role(self) -> str | None:
+        """The P/D role (prefill, decode, both), None for an aggregated server."""
+        return None if self.config.disagg is None else self.config.disagg.role
 
     @property
     def side_channel_ports(self) -> list[int]:

@@ -56,6 +56,9 @@ async def await_decode(ctx: FaceContext, rank: int, room: int, rid: str) -> Regi
     pd = ctx.config.disagg
     assert pd is not None
     start = time.monotonic()
+    driver = ctx.ranks[rank].driver
+    driver.engine.deferred += 1  # in the bootstrap queue: not yet the scheduler's
+    driver.refresh()
     try:
         return await ctx.sglang_kv[rank].decode_for(room, pd.bootstrap_timeout_s)
     except TimeoutError:
@@ -65,6 +68,9 @@ async def await_decode(ctx: FaceContext, rank: int, room: int, rid: str) -> Regi
             f"Prefill bootstrap failed for request rank={rank} req.rid='{rid}' req.bootstrap_room={room} with "
             f"exception {_kv_error(room, f'Request {room} timed out after {elapsed:.1f}s in KVPoll.Bootstrapping')}"
         ) from None
+    finally:
+        driver.engine.deferred -= 1
+        driver.refresh()
 
 
 async def send_kv(ctx: FaceContext, rank: int, reg: Registration, room: int, prompt: Sequence[int]) -> None:

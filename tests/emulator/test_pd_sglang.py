@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.emulator import DisaggConfig, RunningEmulator
 from tests.emulator.conftest import MakeEmulator
@@ -170,3 +171,33 @@ async def test_dp_ranks_the_prefill_follows_the_room_the_decode_names_it(emulato
     assert "KVPoll.Bootstrapping" in leg_p.json()["message"]
     assert leg_d.status_code == 500
     assert "KVPoll.WaitingForInput" in leg_d.json()["message"]
+
+
+async def gauges(url: str) -> dict[str, tuple[str, float]]:
+    async with httpx.AsyncClient(timeout=10) as c:
+        text = (await c.get(url + "/metrics")).text
+    return {s.name: (s.labels["engine_type"], s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name.startswith("sglang:num_") and "engine_type" in s.labels}
+
+
+async def test_requests_in_the_pd_queues_are_not_in_the_waiting_queue(emulator: MakeEmulator) -> None:
+    p, d = await pair(emulator)
+    body = pd_body(p)
+    decode = asyncio.create_task(post(d.url, body))
+    await until(lambda: d.snapshot().deferred == 1)
+    seen = await gauges(d.url)
+    assert seen["sglang:num_decode_transfer_queue_reqs"] == ("decode", 1.0)
+    assert seen["sglang:num_queue_reqs"] == ("decode", 0.0)
+    assert (await post(p.url, body)).status_code == 200
+    assert (await decode).status_code == 200
+
+    body = pd_body(p)
+    prefill = asyncio.create_task(post(p.url, body))
+    await until(lambda: p.snapshot().deferred == 1)
+    seen = await gauges(p.url)
+    assert seen["sglang:num_prefill_prealloc_queue_reqs"] == ("prefill", 1.0)
+    assert seen["sglang:num_queue_reqs"] == ("prefill", 0.0)
+    assert (await post(d.url, body)).status_code == 200
+    assert (await prefill).status_code == 200
+    async with httpx.AsyncClient(timeout=10) as c:
+        assert (await c.get(p.url + "/model_info")).json()["disaggregation_mode"] == "prefill"

@@ -13,8 +13,11 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.emulator import DisaggConfig, RunningEmulator
+from backends.emulator import DisaggConfig, KvEventsConfig, RunningEmulator, tokenizer
+from backends.emulator.block_hashes import vllm_hashes
 from tests.emulator.conftest import MakeEmulator
+from tests.emulator.kv_harness import Replica
+from tests.emulator.test_kv_events import subscriber, sync
 from tests.polling import until
 
 LONG = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 40
@@ -75,6 +78,10 @@ async def test_nixl_two_legs_pull_the_kv_and_skip_the_prefill(emulator: MakeEmul
     assert await metric(d.url, "vllm:prompt_tokens_by_source_total", source="local_compute") == prompt - loaded
     assert await metric(d.url, "vllm:external_prefix_cache_hits_total") == loaded
     assert (d.stats.kv_pulled, d.stats.kv_pulled_tokens, d.stats.kv_recomputed) == (1, loaded, 0)
+    assert await metric(d.url, "vllm:prompt_tokens_cached_by_source_total", source="p2p") == loaded
+    # the loaded prompt is now in the decode's own prefix cache, as it is in the prefill's
+    assert d.ctx.driver.engine.cache.size_tokens >= loaded
+    assert p.ctx.driver.engine.cache.size_tokens >= loaded
     await until(lambda: p.snapshot().kv_used_blocks == 0)  # read, then freed (NIXL's notification)
     assert not p.ctx.handoffs[0].leases
 
@@ -162,6 +169,7 @@ async def test_example_connector_finds_the_kv_by_prompt(emulator: MakeEmulator, 
     aligned = (prompt - 2) // 16 * 16  # align_to_block_size(len(prompt) - 1)
     assert leg2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == aligned
     assert await metric(d.url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == aligned
+    assert await metric(d.url, "vllm:prompt_tokens_cached_by_source_total", source="external_unspecified") == aligned
     other = await post(d.url, {**BODY, "messages": [{"role": "user", "content": "Another prompt. " + LONG}]})
     assert other.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # not in the shared directory
     assert folders(tmp_path) == 1  # a decode-only server writes nothing
@@ -179,3 +187,57 @@ async def test_each_data_parallel_rank_has_its_own_side_channel(emulator: MakeEm
     leg2 = await post(d.url, {**BODY, "kv_transfer_params": params})
     assert leg2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     await until(lambda: p.ctx.ranks[1].driver.engine.held_blocks == 0)
+
+
+async def test_both_servers_publish_the_prompts_blocks_as_kv_events(emulator: MakeEmulator) -> None:
+    async with subscriber("vllm") as p_sub, subscriber("vllm") as d_sub:
+        p = await emulator("vllm", disagg=DisaggConfig(role="prefill"),
+                           kv_events=KvEventsConfig(endpoint=p_sub.endpoint, replay_endpoint=p_sub.replay_endpoint))
+        d = await emulator("vllm", disagg=DisaggConfig(role="decode"),
+                           kv_events=KvEventsConfig(endpoint=d_sub.endpoint, replay_endpoint=d_sub.replay_endpoint))
+        await p_sub.connected()
+        await d_sub.connected()
+        params = (await post(p.url, prefill_leg())).json()["kv_transfer_params"]
+        await post(d.url, {**BODY, "kv_transfer_params": params})
+        tokens = tokenizer.encode(tokenizer.render_chat(BODY["messages"], add_generation_prompt=True))
+        blocks = vllm_hashes(tokens[:-1], 16)
+        for emu, sub in ((p, p_sub), (d, d_sub)):
+            replica = Replica()
+            replica.apply(ev for b in await sync(sub, emu) for ev in b.events)
+            assert replica.leading_hits(blocks) == len(blocks)  # a router would route this prefix to both
+
+
+async def test_completions_legs_and_a_streamed_decode_through_the_official_client(emulator: MakeEmulator) -> None:
+    p, d = await pair(emulator)
+    async with httpx.AsyncClient(timeout=30) as c:
+        leg1 = await c.post(p.url + "/v1/completions", json={
+            "model": "tiny-moe", "prompt": LONG, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS})
+    assert leg1.json()["object"] == "text_completion"
+    params = leg1.json()["kv_transfer_params"]
+    assert set(params) == NIXL_KEYS
+    async with openai.AsyncOpenAI(base_url=d.url + "/v1", api_key="unused") as client:
+        stream = await client.completions.create(
+            model="tiny-moe", prompt=LONG, max_tokens=3, stream=True, stream_options={"include_usage": True},
+            extra_body={"kv_transfer_params": params})
+        chunks = [chunk async for chunk in stream]
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 3
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == min(usage.prompt_tokens // 16 * 16, usage.prompt_tokens - 1)
+    assert d.stats.kv_pulled == 1
+
+
+async def test_responses_legs_carry_the_params_too(emulator: MakeEmulator) -> None:
+    p, d = await pair(emulator)
+    async with httpx.AsyncClient(timeout=30) as c:
+        leg1 = await c.post(p.url + "/v1/responses", json={
+            "model": "tiny-moe", "input": LONG, "max_output_tokens": 1, "kv_transfer_params": PREFILL_PARAMS})
+        assert set(leg1.json()["kv_transfer_params"]) == NIXL_KEYS
+        async with openai.AsyncOpenAI(base_url=d.url + "/v1", api_key="unused") as client:
+            reply = await client.responses.create(
+                model="tiny-moe", input=LONG, max_output_tokens=3,
+                extra_body={"kv_transfer_params": leg1.json()["kv_transfer_params"]})
+    assert reply.usage is not None
+    assert reply.usage.input_tokens_details.cached_tokens > 0
+    assert d.stats.kv_pulled == 1
