@@ -6,11 +6,12 @@ seconds. The same fleet, run as separate processes, is `config/demo.yaml`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from backends.base import Runtime
-from backends.emulator import DisaggConfig, RunningEmulator
-from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, DEMO_WIDE_FLEET, FleetSpec, start_fleet
+from backends.emulator import RunningEmulator
+from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, DEMO_PD_FLEET, DEMO_WIDE_FLEET, start_fleet
 
 from .settings import Settings, parse_settings
 
@@ -18,12 +19,12 @@ DEMO_MODEL = "deepseek-v3"
 DEMO_EMBEDDING_MODEL = "bge-m3"
 DEMO_PD_MODEL = "deepseek-v3-pd"  # the same model, served by a prefill/decode pair
 DEMO_SPEED = 1.0
-# A P/D pair: two vLLM servers (NixlConnector roles) behind `deepseek-v3-pd`, on ports 8008 and 8009;
-# `when: auto` splits the prompts with at least DEMO_PD_MIN_UNCACHED uncached tokens on the decode.
-DEMO_PD_FLEET: list[FleetSpec] = [
-    FleetSpec("vllm-p0", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 8, disagg=DisaggConfig(role="prefill")),
-    FleetSpec("vllm-d0", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 9, disagg=DisaggConfig(role="decode")),
-]
+# Prefill/decode pairs (`backends/emulator/fleet.py` DEMO_PD_FLEET): vLLM (NixlConnector roles),
+# SGLang (bootstrap rendezvous) and trtllm-serve (context/generation), one route each (a pair speaks
+# one runtime's protocol); `when: auto` splits the prompts with at least DEMO_PD_MIN_UNCACHED
+# uncached tokens on the decode. The embedded demo lets the SGLang prefill pick a free bootstrap port.
+DEMO_PD_ROUTES = {Runtime.VLLM: DEMO_PD_MODEL, Runtime.SGLANG: f"{DEMO_PD_MODEL}-sglang",
+                  Runtime.TRTLLM: f"{DEMO_PD_MODEL}-trtllm"}
 DEMO_PD_MIN_UNCACHED = 512
 
 
@@ -49,7 +50,8 @@ Point any OpenAI SDK at it:
         messages=[{{"role": "user", "content": "Which runtime served me?"}}],
     )
     print(reply.choices[0].message.content)
-    # a prefill/decode pair (vllm-p0 -> vllm-d0): long prompts are split, short ones served whole
+    # prefill/decode pairs (vLLM: vllm-p0 -> vllm-d0; also {DEMO_PD_MODEL}-sglang and -trtllm):
+    # long prompts are split, short ones served whole
     client.chat.completions.create(model="{DEMO_PD_MODEL}", messages=[{{"role": "user", "content": "hi " * 800}}])
     print(client.responses.create(model="{DEMO_MODEL}", input="Hello").output_text)
     print(client.embeddings.create(model="{DEMO_EMBEDDING_MODEL}", input="Hello").data[0].embedding[:4])
@@ -60,7 +62,9 @@ Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
 
 
 async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> Demo:
-    specs = [*DEMO_FLEET, *DEMO_WIDE_FLEET, *DEMO_EMBEDDING_FLEET, *DEMO_PD_FLEET]
+    pd_fleet = [dataclasses.replace(s, disagg=dataclasses.replace(s.disagg, bootstrap_port=0))
+                if s.disagg is not None and s.disagg.bootstrap_port else s for s in DEMO_PD_FLEET]
+    specs = [*DEMO_FLEET, *DEMO_WIDE_FLEET, *DEMO_EMBEDDING_FLEET, *pd_fleet]
     emulators = await start_fleet(specs, speed=speed, host=host)
     backends = []
     for spec, emu in zip(specs, emulators, strict=True):
@@ -75,8 +79,10 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> D
             entry["metrics_url"] = emu.metrics_url
         if spec.data_parallel_size > 1:  # the wide-EP server: each rank a routing unit
             entry["data_parallel_size"] = spec.data_parallel_size
-        if spec.disagg is not None:  # the P/D pair: each server's role
+        if spec.disagg is not None:  # a P/D pair: each server's role (and an SGLang prefill's bootstrap port)
             entry["role"] = spec.disagg.role
+            if emu.bootstrap_port is not None and spec.disagg.role != "decode":
+                entry["bootstrap_port"] = emu.bootstrap_port
         backends.append(entry)
     settings = parse_settings(
         {
@@ -87,8 +93,10 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> D
                  "policy": "least_load"},
                 {"model": DEMO_EMBEDDING_MODEL, "kind": "embeddings",
                  "backends": [s.name for s in DEMO_EMBEDDING_FLEET]},
-                {"model": DEMO_PD_MODEL, "backends": [s.name for s in DEMO_PD_FLEET], "policy": "least_load",
-                 "disaggregation": {"when": "auto", "min_uncached_tokens": DEMO_PD_MIN_UNCACHED}},
+                *({"model": model, "backends": [s.name for s in DEMO_PD_FLEET if s.runtime is runtime],
+                   "policy": "least_load",
+                   "disaggregation": {"when": "auto", "min_uncached_tokens": DEMO_PD_MIN_UNCACHED}}
+                  for runtime, model in DEMO_PD_ROUTES.items()),
             ],
             "health": {"interval_s": 1.0},
         },
