@@ -3,11 +3,12 @@ embedded demo (and `config/demo.yaml`, started by hand) can compare runtimes sid
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.base import Runtime
-from backends.emulator.config import EmulatorConfig
+from backends.emulator.config import DisaggConfig, EmulatorConfig
 from backends.emulator.faults import Faults
 from backends.emulator.server import RunningEmulator, start_emulator
 
@@ -26,6 +27,10 @@ class FleetSpec:
     faults: Faults = field(default_factory=Faults)
     embedding_dim: int | None = None  # an embedding model (vLLM `--runner pooling`)
     data_parallel_size: int = 1  # one server of this many DP engines (a wide-EP server)
+    # a P/D role (vLLM NixlConnector / ExampleConnector, SGLang prefill with `bootstrap_port`, trtllm
+    # context/generation server); None: aggregated. Its ports (NIXL side channel, SGLang bootstrap)
+    # are picked free unless set; the running emulator reports them (`side_channel_ports`, `bootstrap_port`).
+    disagg: DisaggConfig | None = None
 
 
 DEMO_FLEET: list[FleetSpec] = [
@@ -42,6 +47,19 @@ DEMO_EMBEDDING_FLEET: list[FleetSpec] = [
 DEMO_WIDE_FLEET: list[FleetSpec] = [
     FleetSpec("vllm-wide", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 7, data_parallel_size=4),
 ]
+# A P/D pool per runtime (issue 23): vLLM NixlConnector prefill + decode, SGLang prefill (bootstrap
+# port 8998, its default) + decode, trtllm-serve context + generation server, on ports 8008..8013.
+DEMO_PD_FLEET: list[FleetSpec] = [
+    FleetSpec("vllm-p0", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 8, disagg=DisaggConfig(role="prefill")),
+    FleetSpec("vllm-d0", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 9, disagg=DisaggConfig(role="decode")),
+    FleetSpec("sgl-p0", Runtime.SGLANG, "deepseek-v3", "deepseek-v3-8xh200", 10,
+              disagg=DisaggConfig(role="prefill", bootstrap_port=8998)),
+    FleetSpec("sgl-d0", Runtime.SGLANG, "deepseek-v3", "deepseek-v3-8xh200", 11, disagg=DisaggConfig(role="decode")),
+    FleetSpec("trt-ctx0", Runtime.TRTLLM, "deepseek-v3", "deepseek-v3-8xh200", 12,
+              disagg=DisaggConfig(role="prefill")),
+    FleetSpec("trt-gen0", Runtime.TRTLLM, "deepseek-v3", "deepseek-v3-8xh200", 13,
+              disagg=DisaggConfig(role="decode")),
+]
 DEMO_BASE_PORT = 8000  # DEMO_FLEET on fixed ports 8001..8005, DEMO_EMBEDDING_FLEET on 8006, as in config/demo.yaml
 
 
@@ -53,9 +71,14 @@ async def start_fleet(
     started: list[RunningEmulator] = []
     try:
         for i, spec in enumerate(specs):
+            disagg = spec.disagg
+            if disagg is not None and base_port is None:  # free ports everywhere (several fleets may run)
+                disagg = dataclasses.replace(disagg, side_channel_port=0,
+                                             bootstrap_port=None if disagg.bootstrap_port is None else 0)
             cfg = EmulatorConfig(runtime=spec.runtime, model=spec.model, profile=spec.profile, speed=speed,
                                  faults=spec.faults, max_model_len=max_model_len, seed=seed + i,
-                                 embedding_dim=spec.embedding_dim, data_parallel_size=spec.data_parallel_size)
+                                 embedding_dim=spec.embedding_dim, data_parallel_size=spec.data_parallel_size,
+                                 disagg=disagg)
             port = 0 if base_port is None else base_port + spec.port_offset
             mport = 0 if base_port is None or spec.metrics_port_offset is None else base_port + spec.metrics_port_offset
             emu = await start_emulator(cfg, host=host, port=port, metrics_port=mport)

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.emulator import responses_render as RR
+from backends.emulator import vllm_pd
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.openai_common import SSE_CONTENT_TYPE, BodyError, Died, json_response, parse_body, stream_tokens
 from backends.emulator.responses_api import InputError, ResponsesCall, read_call
@@ -143,15 +144,26 @@ async def create(request: web.Request, hooks: ResponsesHooks) -> web.StreamRespo
     layout = _layout(hooks, call)
     text = layout.text if layout is not None else call.shape.json_text() if call.shape.kind == "json" else None
     plan = ctx.plans(1, max_tokens=max_tokens, text=text)[0]
-    gen = ctx.start(call.prompt, [plan])
+    chosen, external, produce = ctx.choose_rank(None), 0, False
+    if hooks.dialect is RR.Dialect.VLLM:  # vLLM's Responses take kv_transfer_params too (P/D legs)
+        kv_params = body.get("kv_transfer_params")
+        try:
+            external = await vllm_pd.load_external(ctx, chosen, call.prompt, kv_params)
+        except vllm_pd.LoadFailed as exc:
+            return hooks.reject(500, f"KV load failed: {exc}", "InternalServerError", None)
+        produce = vllm_pd.wants_remote_decode(ctx, kv_params)
+    gen = ctx.start(call.prompt, [plan], chosen=chosen, external_tokens=external)
     hooks.on_submit(gen, call, max_tokens if max_tokens is not None else room)
     run = _Run(ctx, hooks, call, model, layout, plan, echoed_max=max_tokens if max_tokens is not None else room)
+    run.produce = produce
     try:
         if call.stream:
             return await run.stream(request, gen)
         return await run.complete(request, gen)
     finally:
         gen.abort()
+        if hooks.dialect is RR.Dialect.VLLM and gen.finished[0] is not None:
+            vllm_pd.store_shared(ctx, call.prompt)
 
 
 class _Run:
@@ -169,6 +181,7 @@ class _Run:
         self.echoed_max = echoed_max
         self.pieces: list[str] = []
         self.seq = 0
+        self.produce = False  # a vLLM prefill-only leg: keep the KV, answer its kv_transfer_params
 
     def _created_cache(self, cached: int) -> int:
         bs = self.ctx.params.block_size
@@ -189,6 +202,11 @@ class _Run:
         body = RR.response_object(
             self.d, rid=self.rid, created_at=self.created_at, model=self.model, body=self.call.body,
             output=self._output(item_status), status=status, use=use, max_output_tokens=self.echoed_max)
+        fin = gen.finished[0]
+        if self.produce and fin is not None and fin.reason == "length":
+            self.produce = False  # once per request
+            body["kv_transfer_params"] = vllm_pd.produced_params(
+                self.ctx, gen.rank, f"{self.rid}-{self.ctx.hex_id(8)}", self.call.prompt)
         if self.hooks.store is not None and self.call.body.get("store", True) is not False:
             said = "".join(self.pieces)
             self.hooks.store.put(self.rid, body, [*self.call.messages, {"role": "assistant", "content": said}])

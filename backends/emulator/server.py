@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,9 +22,11 @@ from backends.emulator.driver import EngineDriver, StepObserver
 from backends.emulator.engine import Engine, Snapshot
 from backends.emulator.faults import FaultGate
 from backends.emulator.kv_events import EventCollector, KvEventSink, KvPublisher
+from backends.emulator.kv_handoff import KvHandoff
 from backends.emulator.kv_zmq import ZmqKvPublisher
 from backends.emulator.prefix_cache import BlockHashCache, NoCache, PrefixCache, RadixCache
 from backends.emulator.profiles import CacheKind, EngineParams, get_profile
+from backends.emulator.shared_storage import SharedStorage
 from backends.emulator.trtllm_kv_events import TrtllmKvEventQueue
 
 
@@ -66,14 +69,20 @@ def _build_face(runtime: Runtime, ctx: FaceContext) -> _Faces:
         from backends.emulator import vllm_face
         from backends.emulator.vllm_metrics import VllmMetrics
 
+        pd = ctx.config.disagg
+        source = "external_unspecified" if pd is not None and pd.connector != "NixlConnector" else "p2p"
         vm = VllmMetrics(ctx.model, ctx.params, max_model_len=ctx.config.max_model_len,
-                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size)
+                         prefix_caching=not isinstance(ctx.driver.engine.cache, NoCache), engines=size,
+                         external_source=source)
         return _Faces(vllm_face.build_app(ctx, vm), None, [vm.engine(r) for r in range(size)])
     if runtime is Runtime.SGLANG:
         from backends.emulator import sglang_face
         from backends.emulator.sglang_metrics import SglangMetrics
 
-        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size)
+        pd = ctx.config.disagg
+        mode = "null" if pd is None or pd.role == "both" else pd.role
+        sm = SglangMetrics(ctx.model, ctx.params, context_len=ctx.config.max_model_len, dp_size=size,
+                           disaggregation_mode=mode)
         return _Faces(sglang_face.build_app(ctx, sm), None, [sm.rank(r) for r in range(size)])
     if runtime is Runtime.TRTLLM:
         from backends.emulator import trtllm_face
@@ -136,6 +145,30 @@ class RunningEmulator:
         """The KV-event publisher (test knobs: `drop_next()`, `silence()`), None when not configured."""
         return self.ctx.kv_publisher
 
+    @property
+    def role(self) -> str | None:
+        """The P/D role (prefill, decode, both), None for an aggregated server."""
+        return None if self.config.disagg is None else self.config.disagg.role
+
+    @property
+    def side_channel_ports(self) -> list[int]:
+        """Each rank's KV side channel port (vLLM NIXL, trtllm); empty without one."""
+        return [h.port for h in self.ctx.handoffs]
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """SGLang prefill: the bootstrap server's bound port."""
+        return self.ctx.bootstrap_port
+
+    def disagg_summary(self) -> str:
+        """The P/D endpoints for the CLI's ready line."""
+        parts = []
+        if self.side_channel_ports:
+            parts.append(" side_channel=" + ",".join(map(str, self.side_channel_ports)))
+        if self.bootstrap_port is not None:
+            parts.append(f" bootstrap_port={self.bootstrap_port}")
+        return "".join(parts)
+
     def served_by_rank(self) -> list[int]:
         """Engine requests each data-parallel rank was given (one entry without data parallelism)."""
         return [r.requests for r in self.ctx.ranks]
@@ -151,6 +184,16 @@ async def _stop_ranks(ctx: FaceContext) -> None:
         await rank.driver.stop()
         if isinstance(rank.kv_publisher, ZmqKvPublisher):
             await rank.kv_publisher.close()
+    for handoff in ctx.handoffs:
+        await handoff.close()
+    await _stop_disagg_extras(ctx)
+    ctx.close_zmq()
+
+
+async def _stop_disagg_extras(ctx: FaceContext) -> None:
+    for stop in ctx.on_stop:
+        await stop()
+    ctx.on_stop.clear()
 
 
 SHUTDOWN_GRACE_S = 0.25
@@ -197,7 +240,72 @@ def build_context(config: EmulatorConfig, *, clock: Callable[[], float] | None =
     ctx = FaceContext(config, profile, params, ranks[0].driver, gate, EmulatorStats())
     ctx.ranks = ranks
     ctx.kv_collector = ranks[0].kv_collector
+    _check_disagg(config)
+    pd = config.disagg
+    if pd is not None and config.runtime is Runtime.VLLM and pd.connector != "NixlConnector":
+        assert pd.shared_storage_path is not None
+        ctx.shared_storage = SharedStorage(pd.shared_storage_path, params.block_size)
     return ctx
+
+
+def _check_disagg(config: EmulatorConfig) -> None:
+    pd = config.disagg
+    if pd is None:
+        return
+    if config.runtime is Runtime.TRITON:
+        raise ValueError("--role: vLLM, SGLang and trtllm-serve only (Triton's TensorRT-LLM backend is aggregated)")
+    if pd.role not in ("prefill", "decode", "both"):
+        raise ValueError(f"--role must be prefill, decode or both, not {pd.role!r}")
+    if config.runtime is Runtime.VLLM:
+        from backends.emulator.vllm_pd import CONNECTORS, NIXL
+
+        if pd.connector not in CONNECTORS:
+            raise ValueError(f"kv_connector {pd.connector!r}: the emulator has {', '.join(sorted(CONNECTORS))}")
+        if pd.connector != NIXL and not pd.shared_storage_path:
+            raise ValueError(f"{pd.connector} needs kv_connector_extra_config.shared_storage_path")
+
+
+async def _start_sglang_pd(ctx: FaceContext, host: str) -> None:
+    """SGLang in prefill or decode mode: each rank's KV manager; a prefill's bootstrap server,
+    with every rank registered (as its KV managers do at start)."""
+    pd = ctx.config.disagg
+    if pd is None or pd.role == "both" or ctx.config.runtime is not Runtime.SGLANG:
+        return
+    from backends.emulator.sglang_bootstrap import BootstrapStore, build_app
+    from backends.emulator.sglang_kv import KvManager
+
+    ctx.sglang_kv = [KvManager(ctx.zmq_context(), host, r.rank) for r in ctx.ranks]
+    for manager in ctx.sglang_kv:
+        ctx.on_stop.append(manager.close)
+    if pd.role != "prefill":
+        return
+    store = BootstrapStore()
+    for manager in ctx.sglang_kv:
+        store.register({"attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
+                        "attn_dp_size": len(ctx.ranks), "attn_dp_rank": manager.rank, "pp_size": 1, "pp_rank": 0,
+                        "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": manager.host,
+                        "rank_port": manager.port, "page_size": ctx.params.block_size,
+                        "kv_cache_dtype": "auto", "load_balance_method": "follow_bootstrap_room"})
+    runner, bound = await _serve(build_app(store), host, pd.bootstrap_port or 0)
+    ctx.bootstrap_port = bound
+    ctx.on_stop.append(runner.cleanup)
+
+
+async def _start_handoffs(ctx: FaceContext, host: str) -> None:
+    """The NIXL side channel of each rank (vLLM NixlConnector; trtllm-serve's cache transceiver)."""
+    pd = ctx.config.disagg
+    if pd is None or ctx.config.runtime not in (Runtime.VLLM, Runtime.TRTLLM):
+        return
+    if ctx.config.runtime is Runtime.VLLM and pd.connector != "NixlConnector":
+        return
+    base_id = pd.engine_id or str(uuid.uuid4())
+    side_host = pd.side_channel_host or host
+    for rank in ctx.ranks:
+        engine_id = base_id if len(ctx.ranks) == 1 else f"{base_id}_dp{rank.rank}"
+        handoff = KvHandoff(rank.driver.engine, engine_id=engine_id, lease_s=pd.kv_lease_s, stats=ctx.stats,
+                            on_change=rank.driver.refresh)
+        handoff.bind(ctx.zmq_context(), side_host, pd.side_channel_port + rank.rank if pd.side_channel_port else 0)
+        ctx.handoffs.append(handoff)
 
 
 _DP_RUNTIMES = frozenset({Runtime.VLLM, Runtime.SGLANG})
@@ -233,6 +341,8 @@ async def start_emulator(
         rank.driver.start()
     runners: list[web.AppRunner] = []
     try:
+        await _start_handoffs(ctx, host)
+        await _start_sglang_pd(ctx, host)
         runner, bound = await _serve(faces.app, host, port)
         runners.append(runner)
         url = f"http://{host}:{bound}"

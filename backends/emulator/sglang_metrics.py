@@ -33,19 +33,25 @@ class _Scheduler:
     def __init__(self, labels: dict[str, str]) -> None:
         self.labels = labels
         self.published = {"num_running_reqs": 0.0, "num_queue_reqs": 0.0, "token_usage": 0.0,
-                          "cache_hit_rate": 0.0, "gen_throughput": 0.0, "num_used_tokens": 0.0}
+                          "cache_hit_rate": 0.0, "gen_throughput": 0.0, "num_used_tokens": 0.0,
+                          "num_pd_queue_reqs": 0.0}
         self.decode_steps = 0
         self.window_tokens = 0
         self.window_start: float | None = None
 
 
 class SglangMetrics:
-    def __init__(self, model: str, params: EngineParams, *, context_len: int, dp_size: int = 1) -> None:
+    def __init__(self, model: str, params: EngineParams, *, context_len: int, dp_size: int = 1,
+                 disaggregation_mode: str = "null") -> None:
         self.params = params
         self.context_len = context_len
-        self.sched = {"engine_type": "unified", "model_name": model, "moe_ep_rank": "0", "pp_rank": "0",
+        # P/D: `engine_type` is the server's mode, and the requests outside the waiting queue (a
+        # prefill's bootstrap queue, a decode's transfer queue: `Snapshot.deferred`) have their gauge
+        self.mode = disaggregation_mode
+        engine_type = "unified" if disaggregation_mode == "null" else disaggregation_mode
+        self.sched = {"engine_type": engine_type, "model_name": model, "moe_ep_rank": "0", "pp_rank": "0",
                       "tp_rank": "0"}
-        self.tok = {"engine_type": "unified", "model_name": model}
+        self.tok = {"engine_type": engine_type, "model_name": model}
         self.schedulers = [_Scheduler(self.sched if dp_size == 1 else {**self.sched, "dp_rank": str(r)})
                            for r in range(dp_size)]
         self.published = self.schedulers[0].published  # rank 0's (the only one without DP)
@@ -76,7 +82,8 @@ class SglangMetrics:
     def _publish(self, sched: _Scheduler, snap: Snapshot, now: float, hit_rate: float | None) -> None:
         p = sched.published
         p["num_running_reqs"] = float(snap.running)
-        p["num_queue_reqs"] = float(snap.waiting)
+        p["num_queue_reqs"] = float(snap.waiting - snap.deferred)
+        p["num_pd_queue_reqs"] = float(snap.deferred)
         p["token_usage"] = snap.kv_usage
         p["num_used_tokens"] = float(snap.kv_used_blocks * snap.block_size)
         if hit_rate is not None:
@@ -130,7 +137,8 @@ class SglangMetrics:
     def idle_of(self, sched: _Scheduler, snap: Snapshot) -> None:
         p = sched.published
         p["num_running_reqs"] = float(snap.running)
-        p["num_queue_reqs"] = float(snap.waiting)
+        p["num_queue_reqs"] = float(snap.waiting - snap.deferred)
+        p["num_pd_queue_reqs"] = float(snap.deferred)
         p["token_usage"] = snap.kv_usage
         p["num_used_tokens"] = float(snap.kv_used_blocks * snap.block_size)
         p["gen_throughput"] = 0.0
@@ -152,6 +160,12 @@ class SglangMetrics:
 
         yield gauge("sglang:num_running_reqs", "The number of running requests.", "num_running_reqs")
         yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "num_queue_reqs")
+        if self.mode == "prefill":
+            yield gauge("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc "
+                        "queue.", "num_pd_queue_reqs")
+        elif self.mode == "decode":
+            yield gauge("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer "
+                        "queue.", "num_pd_queue_reqs")
         yield gauge("sglang:token_usage", "The token usage.", "token_usage")
         yield gauge("sglang:num_used_tokens", "The number of used tokens.", "num_used_tokens")
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", "cache_hit_rate")

@@ -136,7 +136,7 @@ async def model_info(request: web.Request) -> web.Response:
         "model_path": ctx.model, "served_model_name": ctx.model, "tokenizer_path": ctx.model,
         "is_generation": ctx.config.embedding_dim is None,
         "preferred_sampling_params": None, "weight_version": "default", "load_format": "auto",
-        "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
+        "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": request.app[METRICS_KEY].mode,
         "has_image_understanding": False, "has_audio_understanding": False, "model_type": "emulated",
         "architectures": ["EmulatedForCausalLM"]})
 
@@ -146,7 +146,8 @@ def _load(ctx: FaceContext, metrics: SglangMetrics) -> dict[str, Any]:
     total = ctx.params.kv_blocks * ctx.params.block_size
     used = snap.kv_used_blocks * snap.block_size
     return {
-        "timestamp": time.time(), "dp_rank": 0, "num_running_reqs": snap.running, "num_waiting_reqs": snap.waiting,
+        "timestamp": time.time(), "dp_rank": 0, "num_running_reqs": snap.running,
+        "num_waiting_reqs": snap.waiting - snap.deferred,
         "num_waiting_uncached_tokens": snap.waiting_uncached_tokens, "num_used_tokens": used,
         "num_total_tokens": used, "max_total_num_tokens": total, "max_running_requests": ctx.params.max_num_seqs,
         "token_usage": snap.kv_usage, "gen_throughput": metrics.published["gen_throughput"],
