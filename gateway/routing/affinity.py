@@ -48,8 +48,6 @@ from .scoring import (
 )
 
 DEFAULT_STICKINESS: Final = 16.0
-DEFAULT_HOLDER_LOAD_FACTOR: Final = 2.0
-DEFAULT_HOLDER_SLACK: Final = 4.0
 
 
 class PrefixAffinity(LoadBounded):
@@ -59,14 +57,17 @@ class PrefixAffinity(LoadBounded):
     name = "prefix_affinity"
 
     def __init__(self, *, load_factor: float = DEFAULT_LOAD_FACTOR, slack: float = DEFAULT_SLACK,
-                 stickiness: float = DEFAULT_STICKINESS, holder_load_factor: float = DEFAULT_HOLDER_LOAD_FACTOR,
-                 holder_slack: float = DEFAULT_HOLDER_SLACK) -> None:
+                 stickiness: float = DEFAULT_STICKINESS, holder_load_factor: float | None = None,
+                 holder_slack: float | None = None) -> None:
         super().__init__(load_factor=load_factor, slack=slack)
         if stickiness < 0:
             raise ValueError("stickiness must be at least 0")
         self.stickiness = stickiness
-        self.holder_load_factor = max(holder_load_factor, self.load_factor)
-        self.holder_slack = max(holder_slack, self.slack)
+        # One bound for every choice by default; a looser one for the holder (the previous default:
+        # 2x mean + 4) is kept constructible for the benchmark's before/after comparison only.
+        self.holder_load_factor = self.load_factor if holder_load_factor is None else max(holder_load_factor,
+                                                                                           self.load_factor)
+        self.holder_slack = self.slack if holder_slack is None else max(holder_slack, self.slack)
 
     def choose(self, req: RouteRequest, snapshot: Snapshot, rng: random.Random) -> Decision | None:
         candidates = snapshot.healthy(req.exclude)
