@@ -156,8 +156,8 @@ def simulate(prepared: Sequence[Prepared], policy: Policy, params: EngineParams,
             last_t = now
         if kind == "scrape":
             for u in units:
-                snap = u.engine.snapshot()
-                u.waiting, u.running, u.kv_usage = float(snap.waiting), float(snap.running), snap.kv_usage
+                gauges = u.engine.snapshot()
+                u.waiting, u.running, u.kv_usage = float(gauges.waiting), float(gauges.running), gauges.kv_usage
             push(now + scrape_s, "scrape", None)
         elif kind == "sample":
             timeline.append((now, tuple(u.in_flight for u in units)))
