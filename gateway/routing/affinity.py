@@ -20,12 +20,14 @@
    content given to each backend (one rendezvous choice left one backend with twice another's
    tenants), while every replica still considers the same two, and removing a backend remaps only
    keys that had it among their two.
-4. Bounded load (consistent hashing with bounded loads): the preferred holder may carry up to
-   `holder_load_factor` x the mean load + `holder_slack` (moving it costs its prefix); any other
-   choice up to `load_factor` x mean + `slack`. Over the bound we walk down the ranking -> reason
-   "spill": hit holders first, then the least loaded of the rest, which then caches the prefix
-   too, so a hot prefix spreads instead of becoming the cache-hit "death spiral" where one backend
-   gets all the traffic.
+4. Bounded load (consistent hashing with bounded loads, Mirrokni et al.): nothing is chosen above
+   `load_factor` x the mean load + `slack`, the holder of the longest hit included. Over the bound
+   we walk down the ranking -> reason "spill": hit holders first, then the least loaded of the
+   rest, which then caches the prefix too, so a hot prefix spreads instead of becoming the
+   cache-hit "death spiral" where one backend gets all the traffic. `load_factor` is the knob that
+   trades reuse for balance (`routes[].load_factor`): the holder used to be allowed 2x the mean + 4,
+   and on multi-turn traffic a tenant's holder then carried 1.7x the mean in-flight load (bench
+   routing-sim); the sticky charge of step 2 only orders candidates under the bound.
 5. No key at all (a prompt shorter than one block, no hints): least load -> "least_load".
 """
 
