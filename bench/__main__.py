@@ -14,6 +14,8 @@ COMMANDS = {
     "overhead": ("bench.overhead", "gateway vs direct vs a naive proxy against nginx: throughput, latency, CPU"),
     "soak": ("bench.soak", "minutes of mixed load with faults: errors by cause, gateway RSS over time"),
     "routing": ("bench.routing", "routing quality of every policy over emulated fleets (--quick: < 3 min)"),
+    "routing-sim": ("bench.routing_sim", "routing tail in virtual time: reuse, TTFT p50/p99, load balance of every "
+                    "policy and SMG's cache_aware on the same seeded traffic (no processes; ~10 min)"),
     "real-vllm": ("bench.real_vllm", "round_robin vs prefix_affinity on two real vLLM CPU servers"),
     "multiturn": ("bench.multiturn", "multi-turn prefix reuse vs one infinite cache: prefix_affinity (today's, "
                   "this tree, with KV events) and sglang-router's cache_aware"),

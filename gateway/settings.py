@@ -230,11 +230,17 @@ class Route(_Strict):
     tokenizer: Annotated[str, Field(min_length=1)] | None = None
     # Prefill/decode disaggregation of the route's requests (`pd_settings.Disaggregation`); None: off
     disaggregation: Disaggregation | None = None
+    # prefix_affinity's balance knob: no backend is chosen above `load_factor` x the mean load + 2
+    # (bounded-load consistent hashing); higher keeps more prefixes where they are cached (reuse),
+    # lower spreads them sooner (balance, tail). None: the policy's default (README, *Routing*).
+    load_factor: Annotated[float, Field(ge=1.0, le=10.0)] | None = None
 
     @model_validator(mode="after")
     def _backends_or_split(self) -> Route:
         if (self.backends is None) == (self.split is None):
             raise ValueError("a route needs exactly one of `backends` or `split`")
+        if self.load_factor is not None and self.policy != "prefix_affinity":
+            raise ValueError("`load_factor` applies to `policy: prefix_affinity` only")
         return self
 
     @cached_property

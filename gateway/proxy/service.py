@@ -23,10 +23,10 @@ from ..client import UpstreamPool
 from ..errors import InvalidRequest, ModelNotFound
 from ..observability.metrics import Recorder
 from ..observability.pd import PdMetrics
-from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
+from ..routing import BadRoutingHeader, RoutingState, describe
 from ..routing.capabilities import needs
 from ..routing.features import api_key_digest
-from ..routing.registry import PREFIX_POLICIES
+from ..routing.registry import PREFIX_POLICIES, policy_for
 from ..routing.response_owners import ResponseOwners
 from ..settings import Settings
 from ..state.generations import Generation
@@ -96,7 +96,8 @@ class Proxy:
         splits = splits if splits is not None else Splits()
         tokenizers = tokenizers or {}
         self._routes = {
-            r.model: RouteState(r, POLICIES[r.policy], splits.for_route(r) if r.split is not None else None,
+            r.model: RouteState(r, policy_for(r.policy, load_factor=r.load_factor),
+                                splits.for_route(r) if r.split is not None else None,
                                 tokenizer=tokenizers.get(r.model))
             for r in settings.routes
         }

@@ -59,8 +59,10 @@ def loaded_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway
     try:
         backends = []
         for rt in ("vllm", "sglang", "trtllm", "triton"):
-            emu = emus.start(rt, model="ensemble" if rt == "triton" else "deepseek-v3", profile=PROFILE, speed=4.0)
-            backends.append(backend_entry(f"{rt}-a", emu, rt, usd_per_hour=96.0,
+            dp = 2 if rt == "vllm" else 1  # vllm-a is a wide server: two data-parallel ranks
+            emu = emus.start(rt, model="ensemble" if rt == "triton" else "deepseek-v3", profile=PROFILE, speed=4.0,
+                             data_parallel_size=dp)
+            backends.append(backend_entry(f"{rt}-a", emu, rt, usd_per_hour=96.0, data_parallel_size=dp,
                                           model="ensemble" if rt == "triton" else "deepseek-v3"))
         routes = [
             {"model": "deepseek-v3", "backends": [b["name"] for b in backends], "policy": "least_load"},

@@ -85,6 +85,17 @@ def test_dashboard_renders_charts_and_updates_live(loaded_gateway: GatewayProces
         shutil.copyfile(shot, keep)
 
 
+def test_a_wide_servers_ranks_have_rows_of_their_own(loaded_gateway: GatewayProcess, tmp_path: Path) -> None:
+    wait_for(lambda: compare(loaded_gateway), lambda doc: {r["rank"] for r in doc["ranks"]} == {0, 1}, timeout=30,
+             what="requests served on both of vllm-a's ranks")
+    dom = dump(tmp_path, loaded_gateway.url + "/dashboard")
+    section = re.search(r'<section id="ranks-section"([^>]*)>(.*?)</section>', dom, re.S)
+    assert section is not None
+    assert "hidden" not in section.group(1)
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>(\d+)</td><td>([^<]+)</td>", section.group(2))
+    assert sorted(rows) == [("vllm-a", "0", "vllm"), ("vllm-a", "1", "vllm")]
+
+
 def test_the_scope_toggle_switches_to_the_fleet_view(loaded_gateway: GatewayProcess, tmp_path: Path) -> None:
     url = loaded_gateway.url + "/dashboard"
     mine = dump(tmp_path, url)

@@ -136,3 +136,24 @@ def test_a_discovered_ipv6_backend_name_is_a_valid_backend_name() -> None:
     backend = Backend.model_validate(found.settings())
     assert backend.name == "p" * 40 + "-[fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
     assert backend.base_url == "http://[fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+
+
+def test_load_factor_is_prefix_affinitys_balance_knob() -> None:
+    """`routes[].load_factor` reaches the route's prefix_affinity policy; elsewhere, or below 1, it is
+    refused naming the field."""
+    from gateway.routing import PrefixAffinity
+    from gateway.routing.registry import POLICIES, policy_for
+
+    doc = copy.deepcopy(BASE)
+    doc["routes"][0] |= {"policy": "prefix_affinity", "load_factor": 1.5}
+    route = parse_settings(doc).routes[0]
+    policy = policy_for(route.policy, load_factor=route.load_factor)
+    assert isinstance(policy, PrefixAffinity)
+    assert (policy.load_factor, policy.holder_load_factor) == (1.5, 1.5)
+    assert policy_for("prefix_affinity") is POLICIES["prefix_affinity"]
+    for bad, needle in (({"policy": "least_load", "load_factor": 1.5}, "load_factor"),
+                        ({"policy": "prefix_affinity", "load_factor": 0.9}, "routes.0.load_factor")):
+        doc = copy.deepcopy(BASE)
+        doc["routes"][0] |= bad
+        with pytest.raises(ConfigError, match=needle):
+            parse_settings(doc)

@@ -174,6 +174,15 @@ function drawRuntimes(rows) {
       usd(r.cost.usd_per_million_output_tokens, 2), fmt(r.requests, 0)]));
 }
 
+// A wide server's data-parallel ranks, each a routing unit of its own (shown when a backend has them).
+function drawRanks(rows) {
+  document.getElementById("ranks-section").hidden = !rows.length;
+  table("ranks", ["backend", "rank", "runtime", "req/s", "out tok/s", "TTFT p50/p99 ms", "cached", "errors", "n"],
+    rows.map((r) => [r.backend, String(r.rank), r.runtime, fmt(r.requests_per_s, 2), fmt(r.output_tokens_per_s),
+      ["p50", "p99"].map((k) => fmt(ms(r.ttft_s[k]))).join(" / "), pct(r.cached_token_share),
+      pct(r.error_rate), fmt(r.requests, 0)]));
+}
+
 function drawAb(ab) {
   const box = document.getElementById("ab");
   if (!ab.length) {
@@ -209,6 +218,7 @@ async function poll() {
     drawCharts("backend", hist);
     drawBackends(be.backends, doc);
     drawRuntimes(doc.runtimes);
+    drawRanks(doc.ranks || []);
     drawAb(doc.ab);
     document.getElementById("assumptions").textContent = "Cost assumptions: " + doc.assumptions.join("; ") + ".";
     updates += 1;
