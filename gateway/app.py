@@ -44,6 +44,7 @@ from .kvcache import KvCaches, KvIntake
 from .kvcache.collector import KvCollector
 from .kvcache.intake import backend_headers
 from .observability.metrics import Recorder
+from .observability.pd import PdMetrics
 from .observability.process import SelfHealth
 from .observability.ranks import RankMetrics
 from .proxy.accounting import Accounting
@@ -173,7 +174,8 @@ async def build(
     limiter: Limiter = LocalLimiter(KeyLimiter(clock)) if link is None else link.limiter(clock)
     shared = replicas.Shared.build(settings, registry, limiter, supervised=link is not None, clock=clock)
     guard = Guard(generations, shared.limiter, registry)
-    accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge)
+    pd = PdMetrics(registry)  # prefill/decode disaggregation's legs and pairs (`observability/pd.py`)
+    accounting = Accounting(recorder, routing, clock=clock, charge_key=guard.charge, pd=pd)
     registry.register(LiveCollector(stats, clock))
     registry.register(KvCollector(kv_caches))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))  # probes, scrapes
@@ -208,7 +210,7 @@ async def build(
         pool = build_pool(settings, secrets, membership.discovered(settings))
         proxy = Proxy(
             settings, pool, recorder, upstream, accounting, clock=clock, rng=rng, routing=routing,
-            throughput=stats.peak_output_tps, splits=splits, owners=owners, tokenizers=checked.tokenizers,
+            throughput=stats.peak_output_tps, splits=splits, owners=owners, tokenizers=checked.tokenizers, pd=pd,
         )
         # a worker under `--workers N` applies its supervisor's probes (once for all workers), and
         # probes only the backends its own discovery found

@@ -14,6 +14,7 @@ from backends.base import Runtime
 from backends.capabilities import EMBEDDING_DEFAULTS, POSSIBLE, Feature
 
 from .discovery.config import DiscoveryEntry, duplicate_entry_names
+from .pd_settings import BackendRole, Disaggregation, check_pd_backend, check_pd_routes
 from .rank_settings import MAX_RANKS, check_ranks, kv_ranks_default
 
 PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "sla", "cost"]
@@ -123,6 +124,15 @@ class Backend(_Strict):
     data_parallel_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
     # SGLang only: the body field that pins a rank (`data_parallel_rank` before SGLang's rename, PR #19268)
     dp_rank_field: Literal["routed_dp_rank", "data_parallel_rank"] | None = None
+    # Prefill/decode disaggregation (`pd_settings`): which legs this server may run (`both`: either,
+    # or a whole request); SGLang prefill servers: their `--disaggregation-bootstrap-port`.
+    role: BackendRole = "both"
+    bootstrap_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+    @model_validator(mode="after")
+    def _role_fits_the_runtime(self) -> Backend:
+        check_pd_backend(self)
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -215,6 +225,8 @@ class Route(_Strict):
     # How the route's engines tokenize (see `Backend.tokenizer`): with it, routing predicts cached
     # tokens exactly from the engines' KV events; without it the approximate index routes.
     tokenizer: Annotated[str, Field(min_length=1)] | None = None
+    # Prefill/decode disaggregation of the route's requests (`pd_settings.Disaggregation`); None: off
+    disaggregation: Disaggregation | None = None
 
     @model_validator(mode="after")
     def _backends_or_split(self) -> Route:
@@ -384,6 +396,7 @@ class Settings(_Strict):
             if len(specs) > 1:
                 raise ValueError(f"routes.{i}: its backends tokenize differently ({sorted(map(str, specs))}); "
                                  "one tokenizer per route")
+        check_pd_routes(self.routes, self.backends, self.discovery)
         for i, key in enumerate(self.auth.api_keys):
             unknown = sorted(set(key.models or ()) - set(models))
             if unknown:

@@ -2,15 +2,15 @@
 Triton + TensorRT-LLM), fault knobs and calibrated performance profiles.
 
 Public API (kept stable for the gateway, its tests and the demo):
-`EmulatorConfig`, `KvEventsConfig`, `Faults`, `RunningEmulator`, `start_emulator`, `PROFILES`.
+`EmulatorConfig`, `KvEventsConfig`, `DisaggConfig`, `Faults`, `RunningEmulator`, `start_emulator`, `PROFILES`.
 """
 
-from backends.emulator.config import EmulatorConfig, EmulatorStats, KvEventsConfig
+from backends.emulator.config import DisaggConfig, EmulatorConfig, EmulatorStats, KvEventsConfig
 from backends.emulator.faults import Faults
 from backends.emulator.profiles import PROFILES, Profile
 from backends.emulator.server import RunningEmulator, start_emulator
 
 __all__ = [
-    "PROFILES", "EmulatorConfig", "EmulatorStats", "Faults", "KvEventsConfig", "Profile", "RunningEmulator",
-    "start_emulator",
+    "PROFILES", "DisaggConfig", "EmulatorConfig", "EmulatorStats", "Faults", "KvEventsConfig", "Profile",
+    "RunningEmulator", "start_emulator",
 ]

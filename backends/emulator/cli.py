@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import os
 import signal
 import sys
 
 from backends.base import Runtime
 from backends.emulator.config import EmulatorConfig, KvEventsConfig
 from backends.emulator.faults import Faults
+from backends.emulator.pd_args import disagg_config
 from backends.emulator.profiles import PROFILES
 from backends.emulator.server import start_emulator
 
@@ -39,6 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM/SGLang: one server of N data-parallel engines (own caches, batches, KV events on "
                         "port + rank, per-rank metrics); pinned by X-data-parallel-rank (vLLM) or routed_dp_rank "
                         "(SGLang), else balanced as the engine does")
+    d = p.add_argument_group("prefill/decode disaggregation (docs/emulator.md)")
+    d.add_argument("--role", choices=["prefill", "decode", "both"], default=None,
+                   help="what the server does with P/D requests (default: both when P/D is configured; "
+                        "without any P/D flag the server is aggregated)")
+    d.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help='vLLM: {"kv_connector":"NixlConnector"|"ExampleConnector","kv_role":"kv_producer"|'
+                        '"kv_consumer"|"kv_both",...}; the role follows kv_role unless --role narrows it')
+    d.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default=None, help="SGLang")
+    d.add_argument("--disaggregation-bootstrap-port", type=int, default=None, metavar="N",
+                   help="SGLang prefill: the bootstrap (rendezvous) HTTP server's port (default 8998; 0: free)")
+    d.add_argument("--kv-transfer-timeout-s", type=float, default=None, metavar="S",
+                   help="how long a prefill keeps KV no decode read (vLLM VLLM_NIXL_ABORT_REQUEST_TIMEOUT, "
+                        "trtllm kv_transfer_timeout_ms); SGLang: both bootstrap and waiting timeouts")
     k = p.add_argument_group("KV-cache events")
     k.add_argument("--kv-events", metavar="ENDPOINT", default=None,
                    help="publish KV-cache events: vLLM/SGLang a ZMQ endpoint (tcp://127.0.0.1:PORT connects, "
@@ -76,10 +92,18 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv = KvEventsConfig(endpoint=args.kv_events, topic=args.kv_events_topic, encoding=args.kv_events_encoding,
                             replay_endpoint=args.kv_events_replay, drop_batches=drop,
                             silent_after=args.kv_events_silent_after)
-    return EmulatorConfig(runtime=Runtime(args.runtime), model=args.model, profile=args.profile, speed=args.speed,
+    runtime = Runtime(args.runtime)
+    disagg = disagg_config(runtime, role=args.role, kv_transfer_config=args.kv_transfer_config,
+                           disaggregation_mode=args.disaggregation_mode,
+                           bootstrap_port=args.disaggregation_bootstrap_port, env=os.environ)
+    if disagg is not None and args.kv_transfer_timeout_s is not None:
+        t = args.kv_transfer_timeout_s
+        disagg = dataclasses.replace(disagg, kv_lease_s=t, bootstrap_timeout_s=t, waiting_timeout_s=t)
+    return EmulatorConfig(runtime=runtime, model=args.model, profile=args.profile, speed=args.speed,
                           faults=faults, max_model_len=args.max_model_len, seed=args.seed, prefix_reuse=reuse,
                           block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                          embedding_dim=args.embedding_dim, kv_events=kv, data_parallel_size=args.data_parallel_size)
+                          embedding_dim=args.embedding_dim, kv_events=kv, data_parallel_size=args.data_parallel_size,
+                          disagg=disagg)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -93,6 +117,8 @@ async def _run(args: argparse.Namespace) -> int:
     extra = f" metrics={emu.metrics_url}" if emu.metrics_url != emu.url else ""
     if cfg.kv_events is not None and cfg.runtime is not Runtime.TRTLLM:
         extra += f" kv_events={cfg.kv_events.endpoint}"
+    if cfg.disagg is not None:
+        extra += f" role={cfg.disagg.role}{emu.disagg_summary()}"
     print(f"emulator {cfg.runtime.value} ready at {emu.url}{extra} (profile={cfg.profile}, speed={cfg.speed})",
           flush=True)
     try:
@@ -106,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

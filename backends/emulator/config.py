@@ -9,6 +9,7 @@ from backends.base import Runtime
 from backends.emulator.faults import Faults
 
 KvEncoding = Literal["map", "array"]
+Role = Literal["prefill", "decode", "both"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,48 @@ class KvEventsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DisaggConfig:
+    """Prefill/decode disaggregation (docs/emulator.md, "Prefill/decode disaggregation").
+
+    `role`: what the server may do with a P/D request: `prefill` produces KV for another server,
+    `decode` consumes it, `both` either (vLLM `kv_role` kv_producer / kv_consumer / kv_both;
+    SGLang `--disaggregation-mode prefill|decode`, where `both` is its `null` mode; trtllm-serve
+    context / generation servers). The rest are the runtimes' own knobs, each used by one face:
+
+    * vLLM: `connector` (`NixlConnector`, or `ExampleConnector` with `shared_storage_path`),
+      `engine_id`, `load_failure_policy` (`recompute` | `fail`), the NIXL side channel
+      (`side_channel_host`, `side_channel_port` + the DP rank; 0 picks a free port) and
+      `kv_lease_s` (`VLLM_NIXL_ABORT_REQUEST_TIMEOUT`: how long a prefill keeps unread blocks).
+    * SGLang: `bootstrap_port` (`--disaggregation-bootstrap-port`, a prefill's rendezvous HTTP
+      server; 0 picks a free port), `bootstrap_timeout_s` (`SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`:
+      a prefill waiting for its decode), `waiting_timeout_s` (`SGLANG_DISAGGREGATION_WAITING_TIMEOUT`:
+      a decode waiting for its KV).
+    * trtllm-serve: `kv_lease_s` (`cache_transceiver_config.kv_transfer_timeout_ms`) and the
+      side channel its `encoded_opaque_state` points to.
+    """
+
+    role: Role = "both"
+    connector: str = "NixlConnector"
+    engine_id: str | None = None
+    shared_storage_path: str | None = None
+    load_failure_policy: Literal["recompute", "fail"] = "recompute"
+    side_channel_host: str | None = None  # None: the emulator's own host
+    side_channel_port: int = 0
+    kv_lease_s: float = 480.0
+    bootstrap_port: int | None = None
+    bootstrap_timeout_s: float = 300.0
+    waiting_timeout_s: float = 300.0
+
+    @property
+    def produces(self) -> bool:
+        return self.role in ("prefill", "both")
+
+    @property
+    def consumes(self) -> bool:
+        return self.role in ("decode", "both")
+
+
+@dataclass(frozen=True, slots=True)
 class EmulatorConfig:
     runtime: Runtime
     model: str = "tiny-moe"
@@ -52,6 +95,9 @@ class EmulatorConfig:
     # vLLM and SGLang: one server of this many data-parallel engines (`dp.py`: per-rank caches,
     # batching, KV events and metrics; the rank header/field; the runtime's own balancer)
     data_parallel_size: int = 1
+    # Prefill/decode disaggregation; None: an aggregated server (vLLM without --kv-transfer-config,
+    # SGLang --disaggregation-mode null; trtllm-serve still honours disaggregated_params)
+    disagg: DisaggConfig | None = None
 
 
 @dataclass(slots=True)
@@ -66,3 +112,10 @@ class EmulatorStats:
     rejected_not_ready: int = 0
     died_mid_stream: int = 0
     tokens_generated: int = 0
+    # prefill/decode disaggregation (what each leg did; for tests)
+    kv_produced: int = 0  # prefill-only requests whose KV was kept for a decode
+    kv_pulled: int = 0  # decode requests that loaded a prefill's KV (tokens in kv_pulled_tokens)
+    kv_pulled_tokens: int = 0
+    kv_recomputed: int = 0  # decode requests that came with params but recomputed the prefill
+    kv_expired: int = 0  # kept KV that no decode read in time (freed)
+    pd_failed: int = 0  # P/D legs that failed (SGLang timeouts, trtllm transfer errors, vLLM policy "fail")

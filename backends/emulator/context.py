@@ -8,9 +8,10 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import zmq.asyncio
 from aiohttp import web
 
 from backends.emulator import tokenizer
@@ -20,7 +21,9 @@ from backends.emulator.driver import EngineDriver, Handle, SubRequest
 from backends.emulator.engine import Finished, Snapshot, StepResult, TokenEvent
 from backends.emulator.faults import FaultGate
 from backends.emulator.kv_events import EventCollector, KvPublisher
+from backends.emulator.kv_handoff import KvHandoff
 from backends.emulator.profiles import EngineParams, Profile
+from backends.emulator.shared_storage import SharedStorage
 from backends.emulator.textgen import OutputPlan, plan_output, plan_text
 
 
@@ -143,6 +146,23 @@ class FaceContext:
         self.ranks: list[RankEngine] = [RankEngine(0, driver)]
         self._round_robin = RoundRobin()
         self.pinned_requests = 0  # requests that named their rank (tests: a gateway pins, or never does)
+        # prefill/decode disaggregation: each rank's kept KV and side channel (vLLM NIXL, trtllm),
+        # the ExampleConnector's shared directory, and the ZMQ context of the pulls
+        self.handoffs: list[KvHandoff] = []
+        self.shared_storage: SharedStorage | None = None
+        self._zctx: zmq.asyncio.Context | None = None
+        self.on_stop: list[Callable[[], Awaitable[None]]] = []  # what a face started (SGLang's bootstrap server)
+        self.bootstrap_port: int | None = None  # SGLang prefill: its bootstrap server's bound port
+
+    def zmq_context(self) -> zmq.asyncio.Context:
+        if self._zctx is None:
+            self._zctx = zmq.asyncio.Context()
+        return self._zctx
+
+    def close_zmq(self) -> None:
+        if self._zctx is not None:
+            self._zctx.term()
+            self._zctx = None
 
     @property
     def data_parallel_size(self) -> int:
@@ -185,7 +205,7 @@ class FaceContext:
             running=sum(s.running for s in snaps), waiting=sum(s.waiting for s in snaps),
             kv_used_blocks=sum(s.kv_used_blocks for s in snaps), kv_total_blocks=sum(s.kv_total_blocks for s in snaps),
             block_size=snaps[0].block_size, waiting_uncached_tokens=sum(s.waiting_uncached_tokens for s in snaps),
-            cache_size_tokens=sum(s.cache_size_tokens for s in snaps),
+            cache_size_tokens=sum(s.cache_size_tokens for s in snaps), deferred=sum(s.deferred for s in snaps),
         )
 
     def plans(
@@ -200,16 +220,21 @@ class FaceContext:
         ]
 
     def start(self, prompt: Sequence[int], plans: Sequence[OutputPlan], *, health: bool = False,
-              rank: int | None = None, room: int | None = None) -> Generation:
+              rank: int | None = None, room: int | None = None, chosen: int | None = None,
+              external_tokens: int = 0) -> Generation:
         """Submit a request (one engine request per choice) unless the `hang` fault holds it back:
         to data-parallel `rank` when it names one (validated by the face), else where the runtime's
-        balancer puts it (`room`: a P/D request's bootstrap room, which SGLang follows)."""
-        chosen = 0 if health else self.choose_rank(rank, room=room)
+        balancer puts it (`room`: a P/D request's bootstrap room, which SGLang follows); `chosen`:
+        a rank the face already chose (`choose_rank`), e.g. before a KV transfer; `external_tokens`:
+        leading prompt tokens whose KV came from a prefill server."""
+        if chosen is None:
+            chosen = 0 if health else self.choose_rank(rank, room=room)
         if self.config.faults.hang:
             return Generation(None, plans, len(prompt), chosen)
         base = (HEALTH_PREFIX if health else "") + self.hex_id(16)
         subs = [
-            SubRequest(f"{base}-{i}", prompt, len(p.token_ids), p.finish_reason) for i, p in enumerate(plans)
+            SubRequest(f"{base}-{i}", prompt, len(p.token_ids), p.finish_reason, external_tokens)
+            for i, p in enumerate(plans)
         ]
         engine = self.ranks[chosen]
         if not health:

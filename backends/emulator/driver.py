@@ -35,6 +35,7 @@ class SubRequest:
     tokens: Sequence[int]
     output_tokens: int
     finish_reason: str
+    external_tokens: int = 0  # leading prompt tokens whose KV was loaded from another server
 
 
 class Handle:
@@ -106,7 +107,8 @@ class EngineDriver:
         now = self.sim_now()
         handle = Handle(self, [s.rid for s in subs])
         for s in subs:
-            self.engine.submit(s.rid, s.tokens, output_tokens=s.output_tokens, finish_reason=s.finish_reason, now_s=now)
+            self.engine.submit(s.rid, s.tokens, output_tokens=s.output_tokens, finish_reason=s.finish_reason, now_s=now,
+                               external_tokens=s.external_tokens)
             self._handles[s.rid] = handle
         self._wake.set()
         return handle
@@ -119,6 +121,14 @@ class EngineDriver:
         for o in self.observers:
             o.on_finished(fin)
         return True
+
+    def refresh(self) -> None:
+        """Tell the observers about a state change made outside an iteration (a request entering or
+        leaving a KV transfer, blocks kept or freed) while the engine idles."""
+        if not self._busy:
+            snap = self.engine.snapshot()
+            for o in self.observers:
+                o.on_idle(snap)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="emulator-engine")

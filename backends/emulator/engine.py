@@ -64,7 +64,8 @@ class TokenEvent:
 class Admitted:
     rid: str
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # local prefix-cache hits plus `external_tokens`
+    external_tokens: int = 0  # loaded from another server (P/D transfer, shared storage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class Snapshot:
     block_size: int
     waiting_uncached_tokens: int
     cache_size_tokens: int
+    deferred: int = 0  # of `waiting`: requests waiting for their KV from a prefill server (vLLM "deferred")
 
     @property
     def kv_usage(self) -> float:
@@ -104,6 +106,7 @@ class _Req:
         "arrival_s",
         "blocks",
         "cached",
+        "external",
         "finish_reason",
         "first_token_s",
         "generated",
@@ -122,6 +125,7 @@ class _Req:
         self.finish_reason = finish_reason
         self.arrival_s = arrival_s
         self.cached = 0
+        self.external = 0  # prompt tokens whose KV another server computed (at most P-1)
         self.prefilled = 0
         self.generated = 0
         self.blocks = 0
@@ -151,15 +155,34 @@ class Engine:
         self._running: list[_Req] = []
         self._by_id: dict[str, _Req] = {}
         self._used = 0  # KV blocks held by running requests (kept incrementally: O(1) per check)
+        self.held_blocks = 0  # blocks a prefill keeps for a decode to read (P/D; part of `_used`)
+        self.deferred = 0  # requests whose KV is still being transferred (they wait outside the queue)
 
     # --- inputs -------------------------------------------------------------------------------
-    def submit(self, rid: str, tokens: Sequence[int], *, output_tokens: int, finish_reason: str, now_s: float) -> None:
-        """Queue a request that will emit `output_tokens` tokens and then finish with `finish_reason`."""
+    def submit(self, rid: str, tokens: Sequence[int], *, output_tokens: int, finish_reason: str, now_s: float,
+               external_tokens: int = 0) -> None:
+        """Queue a request that will emit `output_tokens` tokens and then finish with `finish_reason`;
+        `external_tokens` leading prompt tokens have KV loaded from elsewhere (no prefill cost)."""
         if rid in self._by_id:
             raise ValueError(f"duplicate request id {rid!r}")
         req = _Req(rid, tuple(tokens), max(1, output_tokens), finish_reason, now_s)
+        req.external = max(0, min(external_tokens, len(req.tokens) - 1))
         self._by_id[rid] = req
         self._waiting.append(req)
+
+    def hold_blocks(self, blocks: int) -> None:
+        """Keep `blocks` KV blocks allocated after their request finished (a prefill's KV awaiting
+        its decode: vLLM's delayed free, SGLang's and TRT-LLM's send buffers)."""
+        self.held_blocks += blocks
+        self._used += blocks
+
+    def release_blocks(self, blocks: int) -> None:
+        blocks = min(blocks, self.held_blocks)
+        self.held_blocks -= blocks
+        self._used -= blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return self._blocks_for(tokens)
 
     def abort(self, rid: str, now_s: float) -> Finished | None:
         """Remove a request wherever it is; None if it already finished or never existed."""
@@ -180,12 +203,12 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         p = self.params
-        backlog = sum(r.prefill_target - r.prefilled for r in self._waiting)
+        backlog = sum(r.prefill_target - r.prefilled - (r.external if not r.preemptions else 0) for r in self._waiting)
         backlog += sum(r.prefill_target - r.prefilled for r in self._running)
         return Snapshot(
-            running=len(self._running), waiting=len(self._waiting), kv_used_blocks=self._used_blocks(),
+            running=len(self._running), waiting=len(self._waiting) + self.deferred, kv_used_blocks=self._used_blocks(),
             kv_total_blocks=p.kv_blocks, block_size=p.block_size, waiting_uncached_tokens=backlog,
-            cache_size_tokens=self.cache.size_tokens,
+            cache_size_tokens=self.cache.size_tokens, deferred=self.deferred,
         )
 
     # --- the iteration ------------------------------------------------------------------------
@@ -206,6 +229,10 @@ class Engine:
             prompt = req.tokens
             # The last prompt token is always recomputed, so at most P-1 tokens can come from cache.
             cached = self.cache.match(prompt[:-1]) if req.preemptions == 0 else 0
+            # KV loaded from another server fills in after the local hits (vLLM: the connector's
+            # tokens are counted beyond `num_computed_tokens`); lost again after a preemption.
+            external = max(0, req.external - cached) if req.preemptions == 0 else 0
+            cached += external
             need = self._blocks_for(req.prefill_target + 1 - cached)
             if self._used_blocks() + need > p.kv_blocks and self._running:
                 break  # KV full: head-of-line request waits for blocks to be freed
@@ -215,7 +242,7 @@ class Engine:
             if req.preemptions == 0:
                 req.cached = cached
                 req.scheduled_s = now_s
-                admitted.append(Admitted(req.rid, len(prompt), cached))
+                admitted.append(Admitted(req.rid, len(prompt), cached, external))
             req.prefilled = cached
             self._running.append(req)
             budget -= max(req.prefill_target - cached, 1)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.base import Runtime
-from backends.emulator.config import EmulatorConfig
+from backends.emulator.config import DisaggConfig, EmulatorConfig
 from backends.emulator.faults import Faults
 from backends.emulator.server import RunningEmulator, start_emulator
 
@@ -26,6 +26,10 @@ class FleetSpec:
     faults: Faults = field(default_factory=Faults)
     embedding_dim: int | None = None  # an embedding model (vLLM `--runner pooling`)
     data_parallel_size: int = 1  # one server of this many DP engines (a wide-EP server)
+    # a P/D role (vLLM NixlConnector / ExampleConnector, SGLang prefill with `bootstrap_port`, trtllm
+    # context/generation server); None: aggregated. Its ports (NIXL side channel, SGLang bootstrap)
+    # are picked free unless set; the running emulator reports them (`side_channel_ports`, `bootstrap_port`).
+    disagg: DisaggConfig | None = None
 
 
 DEMO_FLEET: list[FleetSpec] = [
@@ -55,7 +59,8 @@ async def start_fleet(
         for i, spec in enumerate(specs):
             cfg = EmulatorConfig(runtime=spec.runtime, model=spec.model, profile=spec.profile, speed=speed,
                                  faults=spec.faults, max_model_len=max_model_len, seed=seed + i,
-                                 embedding_dim=spec.embedding_dim, data_parallel_size=spec.data_parallel_size)
+                                 embedding_dim=spec.embedding_dim, data_parallel_size=spec.data_parallel_size,
+                                 disagg=spec.disagg)
             port = 0 if base_port is None else base_port + spec.port_offset
             mport = 0 if base_port is None or spec.metrics_port_offset is None else base_port + spec.metrics_port_offset
             emu = await start_emulator(cfg, host=host, port=port, metrics_port=mport)

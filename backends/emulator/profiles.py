@@ -45,6 +45,14 @@ class Profile:
     usd_per_gpu_hour: float
     default_output_tokens: int  # output length when a request sets no max_tokens
     runtimes: dict[Runtime, EngineParams]
+    # P/D KV hand-off: a fixed cost (handshake, first RDMA round trip) plus a per-token cost
+    # (KV bytes per token over the effective per-GPU link bandwidth; see docs/emulator.md)
+    kv_transfer_fixed_s: float = 0.002
+    kv_transfer_s_per_token: float = 1.5e-6
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        """Simulated seconds to hand `tokens` tokens of KV from a prefill to a decode server."""
+        return 0.0 if tokens <= 0 else self.kv_transfer_fixed_s + tokens * self.kv_transfer_s_per_token
 
     @property
     def usd_per_hour(self) -> float:
@@ -110,18 +118,19 @@ _TINY_TRITON = replace(_TINY_VLLM, kv_blocks=512, block_size=64, cache_kind=Cach
 PROFILES: dict[str, Profile] = {
     "deepseek-v3-8xh200": Profile(
         name="deepseek-v3-8xh200", hardware="8x H200 141GB", gpus=8, usd_per_gpu_hour=H200_USD_PER_HOUR,
-        default_output_tokens=256,
+        default_output_tokens=256, kv_transfer_fixed_s=0.002, kv_transfer_s_per_token=1.4e-6,
         runtimes={Runtime.VLLM: _DS_VLLM, Runtime.SGLANG: _DS_SGLANG, Runtime.TRTLLM: _DS_TRTLLM,
                   Runtime.TRITON: _DS_TRITON},
     ),
     "mixtral-8x7b-h100": Profile(
         name="mixtral-8x7b-h100", hardware="2x H100 SXM 80GB", gpus=2, usd_per_gpu_hour=H100_USD_PER_HOUR,
-        default_output_tokens=256,
+        default_output_tokens=256, kv_transfer_fixed_s=0.002, kv_transfer_s_per_token=1.3e-6,
         runtimes={Runtime.VLLM: _MX_VLLM, Runtime.SGLANG: _MX_SGLANG, Runtime.TRTLLM: _MX_TRTLLM,
                   Runtime.TRITON: _MX_TRITON},
     ),
     "tiny": Profile(
         name="tiny", hardware="none (test profile)", gpus=1, usd_per_gpu_hour=1.0, default_output_tokens=16,
+        kv_transfer_fixed_s=0.001, kv_transfer_s_per_token=1e-6,
         runtimes={Runtime.VLLM: _TINY_VLLM, Runtime.SGLANG: _TINY_SGLANG, Runtime.TRTLLM: _TINY_TRTLLM,
                   Runtime.TRITON: _TINY_TRITON},
     ),

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,9 +22,11 @@ from backends.emulator.driver import EngineDriver, StepObserver
 from backends.emulator.engine import Engine, Snapshot
 from backends.emulator.faults import FaultGate
 from backends.emulator.kv_events import EventCollector, KvEventSink, KvPublisher
+from backends.emulator.kv_handoff import KvHandoff
 from backends.emulator.kv_zmq import ZmqKvPublisher
 from backends.emulator.prefix_cache import BlockHashCache, NoCache, PrefixCache, RadixCache
 from backends.emulator.profiles import CacheKind, EngineParams, get_profile
+from backends.emulator.shared_storage import SharedStorage
 from backends.emulator.trtllm_kv_events import TrtllmKvEventQueue
 
 
@@ -136,6 +139,25 @@ class RunningEmulator:
         """The KV-event publisher (test knobs: `drop_next()`, `silence()`), None when not configured."""
         return self.ctx.kv_publisher
 
+    @property
+    def side_channel_ports(self) -> list[int]:
+        """Each rank's KV side channel port (vLLM NIXL, trtllm); empty without one."""
+        return [h.port for h in self.ctx.handoffs]
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """SGLang prefill: the bootstrap server's bound port."""
+        return self.ctx.bootstrap_port
+
+    def disagg_summary(self) -> str:
+        """The P/D endpoints for the CLI's ready line."""
+        parts = []
+        if self.side_channel_ports:
+            parts.append(" side_channel=" + ",".join(map(str, self.side_channel_ports)))
+        if self.bootstrap_port is not None:
+            parts.append(f" bootstrap_port={self.bootstrap_port}")
+        return "".join(parts)
+
     def served_by_rank(self) -> list[int]:
         """Engine requests each data-parallel rank was given (one entry without data parallelism)."""
         return [r.requests for r in self.ctx.ranks]
@@ -151,6 +173,16 @@ async def _stop_ranks(ctx: FaceContext) -> None:
         await rank.driver.stop()
         if isinstance(rank.kv_publisher, ZmqKvPublisher):
             await rank.kv_publisher.close()
+    for handoff in ctx.handoffs:
+        await handoff.close()
+    await _stop_disagg_extras(ctx)
+    ctx.close_zmq()
+
+
+async def _stop_disagg_extras(ctx: FaceContext) -> None:
+    for stop in ctx.on_stop:
+        await stop()
+    ctx.on_stop.clear()
 
 
 SHUTDOWN_GRACE_S = 0.25
@@ -197,7 +229,46 @@ def build_context(config: EmulatorConfig, *, clock: Callable[[], float] | None =
     ctx = FaceContext(config, profile, params, ranks[0].driver, gate, EmulatorStats())
     ctx.ranks = ranks
     ctx.kv_collector = ranks[0].kv_collector
+    _check_disagg(config)
+    pd = config.disagg
+    if pd is not None and config.runtime is Runtime.VLLM and pd.connector != "NixlConnector":
+        assert pd.shared_storage_path is not None
+        ctx.shared_storage = SharedStorage(pd.shared_storage_path, params.block_size)
     return ctx
+
+
+def _check_disagg(config: EmulatorConfig) -> None:
+    pd = config.disagg
+    if pd is None:
+        return
+    if config.runtime is Runtime.TRITON:
+        raise ValueError("--role: vLLM, SGLang and trtllm-serve only (Triton's TensorRT-LLM backend is aggregated)")
+    if pd.role not in ("prefill", "decode", "both"):
+        raise ValueError(f"--role must be prefill, decode or both, not {pd.role!r}")
+    if config.runtime is Runtime.VLLM:
+        from backends.emulator.vllm_pd import CONNECTORS, NIXL
+
+        if pd.connector not in CONNECTORS:
+            raise ValueError(f"kv_connector {pd.connector!r}: the emulator has {', '.join(sorted(CONNECTORS))}")
+        if pd.connector != NIXL and not pd.shared_storage_path:
+            raise ValueError(f"{pd.connector} needs kv_connector_extra_config.shared_storage_path")
+
+
+async def _start_handoffs(ctx: FaceContext, host: str) -> None:
+    """The NIXL side channel of each rank (vLLM NixlConnector; trtllm-serve's cache transceiver)."""
+    pd = ctx.config.disagg
+    if pd is None or ctx.config.runtime not in (Runtime.VLLM, Runtime.TRTLLM):
+        return
+    if ctx.config.runtime is Runtime.VLLM and pd.connector != "NixlConnector":
+        return
+    base_id = pd.engine_id or str(uuid.uuid4())
+    side_host = pd.side_channel_host or host
+    for rank in ctx.ranks:
+        engine_id = base_id if len(ctx.ranks) == 1 else f"{base_id}_dp{rank.rank}"
+        handoff = KvHandoff(rank.driver.engine, engine_id=engine_id, lease_s=pd.kv_lease_s, stats=ctx.stats,
+                            on_change=rank.driver.refresh)
+        handoff.bind(ctx.zmq_context(), side_host, pd.side_channel_port + rank.rank if pd.side_channel_port else 0)
+        ctx.handoffs.append(handoff)
 
 
 _DP_RUNTIMES = frozenset({Runtime.VLLM, Runtime.SGLANG})
@@ -233,6 +304,7 @@ async def start_emulator(
         rank.driver.start()
     runners: list[web.AppRunner] = []
     try:
+        await _start_handoffs(ctx, host)
         runner, bound = await _serve(faces.app, host, port)
         runners.append(runner)
         url = f"http://{host}:{bound}"

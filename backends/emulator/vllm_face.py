@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from backends.emulator import vllm_aux
+from backends.emulator import vllm_aux, vllm_pd
 from backends.emulator import vllm_render as R
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation, Token
 from backends.emulator.dp import BadRank, mark_served, served_rank_header, vllm_rank
@@ -111,15 +111,33 @@ async def generate(request: web.Request) -> web.StreamResponse:
     plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
     header_id = request.headers.get("X-Request-Id")
     rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or ctx.hex_id(16))
-    gen = ctx.start(req.prompt, plans, rank=rank)
+    kv_params = req.body.get("kv_transfer_params")
+    chosen = ctx.choose_rank(rank)
+    try:  # a decode leg loads its prompt's KV first (the request waits, deferred, meanwhile)
+        external = await vllm_pd.load_external(ctx, chosen, req.prompt, kv_params)
+    except vllm_pd.LoadFailed as exc:
+        return await _refused(request, req, R.error_body(f"KV load failed: {exc}", "InternalServerError", 500))
+    gen = ctx.start(req.prompt, plans, chosen=chosen, external_tokens=external)
     mark_served(request, gen.rank, ctx.data_parallel_size)
     metrics.on_request(n=req.n, max_tokens=max_tokens if max_tokens is not None else room, engine=gen.rank)
+    produce = vllm_pd.wants_remote_decode(ctx, kv_params)
     try:
         if req.stream:
-            return await _stream(ctx, request, req, gen, rid, layout)
-        return await _complete(ctx, request, req, gen, rid, layout)
+            return await _stream(ctx, request, req, gen, rid, layout, produce=produce)
+        return await _complete(ctx, request, req, gen, rid, layout, produce=produce)
     finally:
         gen.abort()
+        if gen.finished[0] is not None:
+            vllm_pd.store_shared(ctx, req.prompt)
+
+
+def _kept_kv(ctx: FaceContext, req: ChatRequest, gen: Generation, rid: str) -> dict[str, Any] | None:
+    """A prefill-only request capped by length keeps its KV and answers the params to reach it
+    (NixlConnector's `request_finished`); one that stopped otherwise frees it: no params."""
+    fin = gen.finished[0]
+    if fin is None or fin.reason != "length":
+        return None
+    return vllm_pd.produced_params(ctx, gen.rank, f"{rid}-{ctx.hex_id(8)}", req.prompt)
 
 
 async def _refused(request: web.Request, req: ChatRequest, error: dict[str, Any]) -> web.StreamResponse:
@@ -154,7 +172,7 @@ def _created_cache(ctx: FaceContext, req: ChatRequest, cached: int) -> int | Non
 
 async def _complete(
     ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str,
-    layout: ToolCallLayout | None,
+    layout: ToolCallLayout | None, *, produce: bool = False,
 ) -> web.StreamResponse:
     texts: list[list[str]] = [[] for _ in range(req.n)]
     try:
@@ -177,7 +195,10 @@ async def _complete(
     completion = sum(len(t) for t in texts)
     created = _created_cache(ctx, req, gen.cached_tokens)
     use = R.usage(len(req.prompt), completion, gen.cached_tokens, created, full=True)
-    resp = json_response(R.full_response(req, rid, ctx.created, ctx.model, _fingerprint(ctx), choices, use))
+    body = R.full_response(req, rid, ctx.created, ctx.model, _fingerprint(ctx), choices, use)
+    if produce:
+        body["kv_transfer_params"] = _kept_kv(ctx, req, gen, rid)
+    resp = json_response(body)
     orca = _orca_header(ctx, request.headers.get("endpoint-load-metrics-format", ""))
     if orca is not None:
         resp.headers["endpoint-load-metrics"] = orca
@@ -197,7 +218,7 @@ def _orca_header(ctx: FaceContext, fmt: str) -> str | None:
 
 async def _stream(
     ctx: FaceContext, request: web.Request, req: ChatRequest, gen: Generation, rid: str,
-    layout: ToolCallLayout | None,
+    layout: ToolCallLayout | None, *, produce: bool = False,
 ) -> web.StreamResponse:
     obj = "chat.completion.chunk" if req.chat else "text_completion"
     head = {"id": rid, "object": obj, "created": ctx.created, "model": ctx.model}
@@ -256,6 +277,8 @@ async def _stream(
             use = R.usage(prompt, sum(counts), gen.cached_tokens, _created_cache(ctx, req, gen.cached_tokens),
                           full=False)
             await resp.write(event({**head, "choices": [], "usage": use, "system_fingerprint": _fingerprint(ctx)}))
+        if produce:  # the blocks are kept as for a non-streaming leg; a stream carries no params
+            _kept_kv(ctx, req, gen, rid)
         await resp.write(DONE)
         await resp.write_eof()
     except (Died, ConnectionResetError):

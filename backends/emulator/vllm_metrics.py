@@ -40,7 +40,9 @@ def _token_buckets(max_model_len: int) -> tuple[float, ...]:
 
 class VllmMetrics:
     def __init__(self, model: str, params: EngineParams, *, max_model_len: int, prefix_caching: bool,
-                 engines: int = 1) -> None:
+                 engines: int = 1, external_source: str = "p2p") -> None:
+        # the `prompt_tokens_cached_by_source` tier of KV loaded by the connector (NIXL: p2p)
+        self._external_source = external_source
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._lvs = [{"engine": str(i), "model_name": model} for i in range(engines)]
@@ -88,13 +90,15 @@ class VllmMetrics:
             "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to "
             "DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
             "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.", ("source",))
+        self.ext_queries = counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+            "number of queried tokens.")
+        self.ext_hits = counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number "
+            "of cached tokens.")
         zero_counters = [
-            counter("vllm:external_prefix_cache_queries",
-                    "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
-                    "number of queried tokens."),
-            counter("vllm:external_prefix_cache_hits",
-                    "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number "
-                    "of cached tokens."),
             counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
             counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
         ]
@@ -167,7 +171,8 @@ class VllmMetrics:
             zc.labels(**lv)
         for m in (
             self.running, self.waiting, self.kv_usage, self.pc_queries, self.pc_hits, self.preemptions,
-            self.prompt_tokens, self.prompt_cached, self.generation_tokens, self.req_prompt, self.req_gen,
+            self.prompt_tokens, self.prompt_cached, self.generation_tokens, self.ext_queries, self.ext_hits,
+            self.req_prompt, self.req_gen,
             self.iter_tokens, self.max_gen, self.params_n, self.params_max_tokens, self.ttft, self.itl, self.tpot,
             self.e2e, self.queue, self.inference, self.prefill, self.decode, self.req_preempt, self.kv_computed,
         ):
@@ -196,18 +201,22 @@ class VllmMetrics:
         self.idle_of(self._lvs[0], snap)
 
     def step_of(self, lv: dict[str, str], step: StepResult, snap: Snapshot) -> None:
-        self.running.labels(**lv).set(snap.running)
-        self.waiting.labels(**lv).set(snap.waiting)
-        self.waiting_by_reason.labels(reason="capacity", **lv).set(snap.waiting)
+        self._waiting_gauges(lv, snap)
         self.kv_usage.labels(**lv).set(snap.kv_usage)
         for a in step.admitted:
+            local = a.cached_tokens - a.external_tokens
             self.pc_queries.labels(**lv).inc(a.prompt_tokens)
-            self.pc_hits.labels(**lv).inc(a.cached_tokens)
+            self.pc_hits.labels(**lv).inc(local)
             self.prompt_tokens.labels(**lv).inc(a.prompt_tokens)
             self.prompt_by_source.labels(source="local_compute", **lv).inc(a.prompt_tokens - a.cached_tokens)
-            self.prompt_by_source.labels(source="local_cache_hit", **lv).inc(a.cached_tokens)
+            self.prompt_by_source.labels(source="local_cache_hit", **lv).inc(local)
             self.prompt_cached.labels(**lv).inc(a.cached_tokens)
-            self.cached_by_source.labels(source="device", **lv).inc(a.cached_tokens)
+            self.cached_by_source.labels(source="device", **lv).inc(local)
+            if a.external_tokens:
+                self.prompt_by_source.labels(source="external_kv_transfer", **lv).inc(a.external_tokens)
+                self.cached_by_source.labels(source=self._external_source, **lv).inc(a.external_tokens)
+                self.ext_queries.labels(**lv).inc(a.prompt_tokens - local)
+                self.ext_hits.labels(**lv).inc(a.external_tokens)
         if step.preempted:
             self.preemptions.labels(**lv).inc(step.preempted)
         self.generation_tokens.labels(**lv).inc(len(step.tokens))
@@ -238,10 +247,16 @@ class VllmMetrics:
                     self.tpot.labels(**lv).observe((fin.finished_s - fin.first_token_s) / (fin.output_tokens - 1))
 
     def idle_of(self, lv: dict[str, str], snap: Snapshot) -> None:
+        self._waiting_gauges(lv, snap)
+        self.kv_usage.labels(**lv).set(snap.kv_usage)
+
+    def _waiting_gauges(self, lv: dict[str, str], snap: Snapshot) -> None:
+        """Running and waiting; a request waiting for its KV transfer is waiting, `deferred` (vLLM's
+        WAITING_FOR_REMOTE_KVS), the rest wait for `capacity`."""
         self.running.labels(**lv).set(snap.running)
         self.waiting.labels(**lv).set(snap.waiting)
-        self.waiting_by_reason.labels(reason="capacity", **lv).set(snap.waiting)
-        self.kv_usage.labels(**lv).set(snap.kv_usage)
+        self.waiting_by_reason.labels(reason="capacity", **lv).set(snap.waiting - snap.deferred)
+        self.waiting_by_reason.labels(reason="deferred", **lv).set(snap.deferred)
 
 
 class EngineMetrics:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from backends.base import Runtime
 
+from ..pd_settings import BackendRole, check_pd_backend
 from ..rank_settings import MAX_RANKS, check_ranks
 from .hysteresis import LITERAL, Hold
 
@@ -163,12 +164,17 @@ class DiscoveryEntry(_Strict):
     # every discovered backend is one server with this many data-parallel ranks (`Backend.data_parallel_size`)
     data_parallel_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
     dp_rank_field: Literal["routed_dp_rank", "data_parallel_rank"] | None = None  # SGLang only
+    # every discovered backend's P/D role and SGLang bootstrap port (`Backend.role`); pods found by
+    # `kubernetes.label_selector` may say their own (`kubernetes_objects.POD_ROLE_KEYS`)
+    role: BackendRole = "both"
+    bootstrap_port: Port | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> DiscoveryEntry:
         if (self.dns is None) == (self.kubernetes is None):
             raise ValueError("give exactly one of `dns` and `kubernetes`")
         check_ranks(self)
+        check_pd_backend(self)
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ValueError("give at most one of `api_key_env` and `api_key_file`")
         return self

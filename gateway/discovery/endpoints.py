@@ -19,6 +19,9 @@ class Endpoint:
 
     address: str
     port: int
+    # what the object behind it says of itself (a pod's labels/annotations): "" and 0 when nothing
+    role: str = ""  # prefill | decode | both
+    bootstrap_port: int = 0  # an SGLang prefill's bootstrap server
 
     @property
     def authority(self) -> str:
@@ -27,13 +30,13 @@ class Endpoint:
         return f"{host}:{self.port}"
 
     @staticmethod
-    def of(address: str, port: int) -> Endpoint:
+    def of(address: str, port: int, *, role: str = "", bootstrap_port: int = 0) -> Endpoint:
         """Normalise an IP address's spelling (`::0001` and `::1` are one endpoint); names stay as given."""
         try:
             address = str(ipaddress.ip_address(address))
         except ValueError:
             address = address.rstrip(".").lower()
-        return Endpoint(address, port)
+        return Endpoint(address, port, role, bootstrap_port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,12 @@ def discovered(entry: DiscoveryEntry, endpoint: Endpoint) -> DiscoveredBackend:
         fields["data_parallel_size"] = entry.data_parallel_size
     if entry.dp_rank_field is not None:
         fields["dp_rank_field"] = entry.dp_rank_field
+    role = endpoint.role or entry.role
+    if role != "both":
+        fields["role"] = role
+    port = endpoint.bootstrap_port or entry.bootstrap_port
+    if port and role != "decode":
+        fields["bootstrap_port"] = port
     return DiscoveredBackend(
         source=entry.name,
         endpoint=endpoint,

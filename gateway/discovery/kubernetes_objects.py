@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from .. import json_codec
 from .endpoints import Endpoint
@@ -87,9 +87,34 @@ def pod_endpoints(port: int) -> Contribution:
             return frozenset()
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         ip = status.get("podIP")
-        return frozenset({Endpoint.of(str(ip), port)}) if ready and ip else frozenset()
+        if not (ready and ip):
+            return frozenset()
+        role, bootstrap = pod_role(obj.get("metadata") or {})
+        return frozenset({Endpoint.of(str(ip), port, role=role, bootstrap_port=bootstrap)})
 
     return contribute
+
+
+# A pod's prefill/decode role: llm-d's label, or SGLang's; its bootstrap port: SGLang's annotation
+# (a label is read too). Values that are not a role or a port are ignored (the entry's apply).
+POD_ROLE_KEYS: Final = ("llm-d.ai/role", "sglang.ai/role")
+POD_BOOTSTRAP_KEY: Final = "sglang.ai/bootstrap-port"
+_ROLES: Final = frozenset({"prefill", "decode", "both"})
+
+
+def pod_role(metadata: Mapping[str, Any]) -> tuple[str, int]:
+    """(role or "", bootstrap port or 0) from a pod's labels and annotations."""
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    role = ""
+    for key in POD_ROLE_KEYS:
+        value = str(labels.get(key) or annotations.get(key) or "").lower()
+        if value in _ROLES:
+            role = value
+            break
+    raw = str(annotations.get(POD_BOOTSTRAP_KEY) or labels.get(POD_BOOTSTRAP_KEY) or "")
+    port = int(raw) if raw.isdigit() and 1 <= int(raw) <= 65535 else 0
+    return role, port
 
 
 @dataclass(frozen=True, slots=True)

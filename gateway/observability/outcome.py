@@ -149,6 +149,13 @@ class Outcome:
     request_id: Final[str]  # (the access log's, never a metrics label)
     trace_id: Final[str | None]  # the request's trace when tracing is on (`gateway.tracing`)
     sampled: Final[bool]  # ... and whether its spans were recorded (metrics exemplars point only at those)
+    # prefill/decode disaggregation (`observability.pd`): "split" or "whole" on a disaggregated route
+    # (None elsewhere); a split request's prefill backend (None: no prefill answered), leg 1's time,
+    # and the transfer time (prefill end to the decode's first token, streams)
+    topology: Final[str | None]
+    prefill: Final[str | None]
+    prefill_s: Final[float | None]
+    transfer_s: Final[float | None]
 
     def __init__(
         self, backend: str, runtime: str, model: str, status: str, duration_s: float,
@@ -156,7 +163,8 @@ class Outcome:
         arm: str | None = None, sla: str | None = None, finished_at: float = 0.0, usage_estimated: bool = False,
         generation_s: float | None = None, expected_cached_tokens: int | None = None, prediction: str | None = None,
         endpoint: str = "chat", rank: int | None = None, request_id: str = "", trace_id: str | None = None,
-        sampled: bool = False,
+        sampled: bool = False, topology: str | None = None, prefill: str | None = None,
+        prefill_s: float | None = None, transfer_s: float | None = None,
     ) -> None:
         self.backend = backend
         self.runtime = runtime
@@ -179,3 +187,7 @@ class Outcome:
         self.request_id = request_id
         self.trace_id = trace_id
         self.sampled = sampled
+        self.topology = topology
+        self.prefill = prefill
+        self.prefill_s = prefill_s
+        self.transfer_s = transfer_s

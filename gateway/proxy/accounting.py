@@ -23,6 +23,7 @@ from backends.base import Endpoint, Usage
 
 from ..observability.metrics import Recorder
 from ..observability.outcome import NONE, Outcome
+from ..observability.pd import PdMetrics
 from ..routing import RoutingState
 from ..settings import ApiKey
 from ..state.pool import BackendState, Pool
@@ -41,9 +42,10 @@ log = logging.getLogger(__name__)
 class Accounting:
     def __init__(
         self, recorder: Recorder, routing: RoutingState, *, clock: Callable[[], float],
-        charge_key: KeyCharge | None = None,
+        charge_key: KeyCharge | None = None, pd: PdMetrics | None = None,
     ) -> None:
         self._recorder = recorder
+        self._pd = pd
         self._routing = routing
         self._clock = clock
         self._charge_key = charge_key
@@ -101,6 +103,11 @@ class Accounting:
         if state is not None and ex.verdict is not None and ex.pool is not None:
             self.judge(ex.pool, state, ok=ex.verdict, detail=None if ex.verdict else ex.status)
         trace = ex.trace
+        pair = ex.pair
+        transfer = None
+        if pair is not None and pair.prefill_ended_at is not None and stream is not None \
+                and stream.first_token_at is not None:
+            transfer = max(0.0, stream.first_token_at - pair.prefill_ended_at)
         outcome = Outcome(
             state.name if state else NONE,
             state.runtime if state else NONE,
@@ -124,8 +131,15 @@ class Accounting:
             request_id=ex.request_id,
             trace_id=trace.trace_id_hex if trace is not None else None,
             sampled=trace is not None and trace.sampled,
+            topology=ex.topology,
+            prefill=pair.prefill if pair is not None else None,
+            prefill_s=pair.prefill_s if pair is not None else None,
+            transfer_s=transfer,
         )
         self._recorder.record(outcome)
+        if pair is not None and self._pd is not None:  # a split request: its pair's figures
+            self._pd.finish(ex.model, pair, state.name if state else NONE, ok=ex.status == "200",
+                            first_token_at=stream.first_token_at if stream is not None else None, started=ex.started)
         if ex.key is not None and self._charge_key is not None:
             self._charge_key(ex.key, outcome)
         if trace is not None:  # every span of the request ends (the one that opened the response too)

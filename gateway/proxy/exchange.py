@@ -11,6 +11,7 @@ from backends.base import Endpoint, Usage
 
 from ..errors import BackendError
 from ..observability.outcome import NONE, Gaps
+from ..observability.pd import PairRecord
 from ..routing import NO_FEATURES, Decision, RequestFeatures, SlaTarget
 from ..routing.capabilities import Needs
 from ..routing.state import Ticket
@@ -79,6 +80,8 @@ class Exchange:
     pool: Pool | None  # the pool of the config generation serving it
     recorded: bool
     trace: Trace | None  # its trace when tracing is on (`gateway.tracing`), else None
+    pair: PairRecord | None  # a split (disaggregated) request's prefill leg (`proxy.pairs`)
+    topology: str | None  # on a disaggregated route: "split" or "whole"
 
     def __init__(
         self, request_id: str, endpoint: Endpoint, started: float, *, status: str = "500", model: str = NONE,
@@ -115,6 +118,8 @@ class Exchange:
         self.pool = None
         self.recorded = False
         self.trace = trace
+        self.pair = None
+        self.topology = None
 
 
 def sla_outcome(

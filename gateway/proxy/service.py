@@ -22,6 +22,7 @@ from backends.responses_chat import chat_view
 from ..client import UpstreamPool
 from ..errors import InvalidRequest, ModelNotFound
 from ..observability.metrics import Recorder
+from ..observability.pd import PdMetrics
 from ..routing import POLICIES, BadRoutingHeader, RoutingState, describe
 from ..routing.capabilities import needs
 from ..routing.features import api_key_digest
@@ -37,6 +38,7 @@ from .attempts import Attempts, no_healthy_backend
 from .capable import Capabilities
 from .deadlines import Deadlines
 from .exchange import Exchange
+from .pairs import Pairs
 from .relay import Relay
 from .request import parse_request
 from .routes import RouteState
@@ -78,6 +80,7 @@ class Proxy:
         splits: Splits | None = None,
         owners: ResponseOwners | None = None,
         tokenizers: Mapping[str, PromptTokenizer] | None = None,
+        pd: PdMetrics | None = None,
     ) -> None:
         """`throughput(backend)` gives measured output tokens/s (for the cost policy); `routing` (the
         routing memory), `splits` (live A/B weights) and `owners` (which backend stores which
@@ -98,12 +101,15 @@ class Proxy:
             for r in settings.routes
         }
         self.routing = routing if routing is not None else RoutingState()
-        self._hash_prompts = any(r.policy in PREFIX_POLICIES for r in settings.routes)
+        # a disaggregated route's prefill is chosen by prefix affinity
+        self._hash_prompts = any(r.policy in PREFIX_POLICIES or r.disaggregation is not None for r in settings.routes)
         deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
         self._attempts = Attempts(
             pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,
             max_attempts=settings.retries.max_attempts, clock=clock, rng=rng, throughput=throughput,
         )
+        self._pairs = Pairs(pool, upstream, self.routing, accounting, deadlines, pd, timeouts=settings.timeouts,
+                            max_attempts=settings.retries.max_attempts, clock=clock, rng=rng)
         self._relay = Relay(deadlines, timeouts=settings.timeouts, clock=clock)
         self.shadows = Shadows(self._attempts, recorder, self.routing, deadlines, timeouts=settings.timeouts,
                                clock=clock, rng=rng)
@@ -168,7 +174,11 @@ class Proxy:
         assert ex.parsed is not None
         ex.pool = self.pool
         route = self._routes[ex.model]
-        opened = await self._attempts.open(route, ex, self._candidates(route, ex, headers))
+        candidates = self._candidates(route, ex, headers)
+        spec = self._pairs.applies(route, ex)
+        if spec is not None:  # prefill/decode disaggregation: maybe a prefill leg first
+            candidates = await self._pairs.prepare(route, ex, spec, candidates)
+        opened = await self._attempts.open(route, ex, candidates)
         try:
             self.shadows.maybe(route, ex)
             if ex.parsed.request.stream:

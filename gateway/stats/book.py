@@ -28,6 +28,19 @@ from .window import Sample, Series
 
 WeightsFn = Callable[[str], Mapping[str, float]]
 UNFILED: Final = frozenset({"tokenize", "detokenize"})
+MAX_PAIRS: Final = 1024  # pair groups per book: config names bound them; this bounds a misconfigured fleet
+
+
+def pair_name(prefill: str | None, decode: str) -> str:
+    """A prefill/decode pair's group name: `<prefill>><decode>` (`none>` when no prefill answered)."""
+    return f"{prefill or 'none'}>{decode}"
+
+
+def leg_sample(o: Outcome) -> Sample:
+    """A split request's leg times as a sample of its pair's `pair_legs` group: `e2e_s` is the
+    prefill leg's time, `ttft_s` the transfer time (prefill end to the decode's first token)."""
+    return Sample(at=o.finished_at, error=is_error(o.status), prompt_tokens=0, completion_tokens=0, cached_tokens=0,
+                  ttft_s=o.transfer_s, gaps=None, tpot_s=None, e2e_s=o.prefill_s or 0.0, sla=None, generation_s=None)
 
 
 def runtime_group(runtime: str, embeddings: bool) -> str:
@@ -89,6 +102,11 @@ class StatsBook:
         self.absent: dict[str, Group] = {}  # backends that left, kept for their return (`reconfigure(keep=)`)
         self.runtimes: dict[str, Group] = {}
         self.arms: dict[tuple[str, str], Group] = {}
+        # prefill/decode disaggregation, by (route, name): each pair (true TTFT and throughput), its leg
+        # times (`leg_sample`), and each topology (`split`, `whole`) of a disaggregated route
+        self.pairs: dict[tuple[str, str], Group] = {}
+        self.pair_legs: dict[tuple[str, str], Group] = {}
+        self.topologies: dict[tuple[str, str], Group] = {}
         self.total = self._group("total", "all", [b.name for b in settings.backends
                                                   if b.name not in settings.embedding_backends])
         self.reconfigure(settings)
@@ -155,6 +173,11 @@ class StatsBook:
                     arms[(r.model, a.name)] = (replace(old_arm, backends=arm_backends) if old_arm is not None
                                                else self._group("arm", a.name, list(arm_backends), route=r.model))
         self.arms = arms
+        priced = set(self.prices)
+        disaggregated = {r.model for r in settings.routes if r.disaggregation is not None}
+        self.pairs = {k: g for k, g in self.pairs.items() if k[0] in disaggregated and set(g.backends) <= priced}
+        self.pair_legs = {k: g for k, g in self.pair_legs.items() if k in self.pairs}
+        self.topologies = {k: g for k, g in self.topologies.items() if k[0] in disaggregated}
         self.total = replace(self.total, backends=tuple(b.name for b in listed if b.name not in embedding))
 
     def peak_output_tps(self, backend: str) -> float | None:
@@ -189,12 +212,34 @@ class StatsBook:
             arm = self.arms.get((o.model, o.arm))
             if arm is not None:
                 targets.append(arm)
+        if o.topology is not None and not embeddings:
+            self._file_pd(o, targets)
         for g in targets:
             g.series.add(sample)
 
+    def _file_pd(self, o: Outcome, targets: list[Group]) -> None:
+        topology = self.topologies.get((o.model, o.topology or ""))
+        if topology is None and o.topology in ("split", "whole"):
+            topology = self.topologies[(o.model, o.topology)] = self._group("topology", o.topology, [], route=o.model)
+        if topology is not None:
+            targets.append(topology)
+        if o.topology != "split" or o.backend not in self.backends:
+            return
+        key = (o.model, pair_name(o.prefill, o.backend))
+        pair = self.pairs.get(key)
+        if pair is None:
+            if len(self.pairs) >= MAX_PAIRS or (o.prefill is not None and o.prefill not in self.backends):
+                return
+            members = [o.backend] if o.prefill is None else [o.prefill, o.backend]
+            pair = self.pairs[key] = self._group("pair", key[1], members, o.runtime, route=o.model)
+            self.pair_legs[key] = self._group("pair_legs", key[1], members, o.runtime, route=o.model)
+        targets.append(pair)
+        if o.prefill_s is not None:
+            self.pair_legs[key].series.add(leg_sample(o))
+
     def all_groups(self) -> list[Group]:
         return [*self.backends.values(), *self.ranks.values(), *self.runtimes.values(), *self.arms.values(),
-                self.total]
+                *self.pairs.values(), *self.pair_legs.values(), *self.topologies.values(), self.total]
 
     def advance(self, now: float) -> None:
         for g in self.all_groups():

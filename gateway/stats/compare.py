@@ -19,11 +19,22 @@ from .book import Group
 from .cost import ASSUMPTIONS, group_price
 from .figures import figures
 from .history import history
+from .quantiles import summary
 from .views import BookView
 from .window import FINE_BUCKETS
 
 WINDOWS_S = (60, 300, 3600)
 AB_CACHE_S = 5
+
+
+def leg_figures(g: Group | None, now: float, window_s: int) -> dict[str, Any]:
+    """A pair's leg times: `prefill_s` (leg 1, sent to answered) and `transfer_s` (its end to the
+    decode's first token, streams), from its `pair_legs` group (`book.leg_sample`)."""
+    if g is None:
+        return {"prefill_s": summary(()), "transfer_s": summary(())}
+    g.series.advance(now)
+    bs = g.series.view(now, window_s).buckets
+    return {"prefill_s": summary(b.e2e for b in bs), "transfer_s": summary(b.ttft for b in bs)}
 
 
 class Comparer:
@@ -65,6 +76,12 @@ class Comparer:
             "runtimes": [row(g, task=g.task) for g in book.runtimes.values()],
             "arms": [row(g, route=g.route, weight=book.weights(g.route or "").get(g.name))
                      for g in book.arms.values()],
+            # prefill/decode disaggregation: each pair (true TTFT, throughput, its legs' times) and each
+            # topology of a disaggregated route (split against whole requests on the same traffic)
+            "pairs": [row(g, route=g.route, prefill=g.name.partition(">")[0], decode=g.name.partition(">")[2],
+                          **leg_figures(book.pair_legs.get(key), now, window_s))
+                      for key, g in book.pairs.items()],
+            "topologies": [row(g, route=g.route) for g in book.topologies.values()],
             "ab": self.ab(now, window_s),
             "history": history(book, now),
         }

@@ -90,7 +90,8 @@ def _group(g: Group, now: float, max_samples: int | None) -> dict[str, Any]:
 
 
 def _groups(book: BookView) -> list[Group]:
-    return [*book.backends.values(), *book.ranks.values(), *book.runtimes.values(), *book.arms.values(), book.total]
+    return [*book.backends.values(), *book.ranks.values(), *book.runtimes.values(), *book.arms.values(),
+            *book.pairs.values(), *book.pair_legs.values(), *book.topologies.values(), book.total]
 
 
 def export_book(book: BookView, now: float, *, max_samples: int | None = None) -> Export:
@@ -234,6 +235,9 @@ class MergedBook:
     sources: int
     ranks: dict[str, Group]
     _weights: dict[str, dict[str, float]]
+    pairs: dict[tuple[str, str], Group]
+    pair_legs: dict[tuple[str, str], Group]
+    topologies: dict[tuple[str, str], Group]
 
     @property
     def weights(self) -> WeightsFn:
@@ -292,6 +296,9 @@ def merge(exports: Iterable[Export], *, now: float, seed: int = 0) -> MergedBook
         sources=count,
         ranks={g.name: g for g in groups.values() if g.kind == "rank"},
         _weights=weights,
+        pairs={(g.route or "", g.name): g for g in groups.values() if g.kind == "pair"},
+        pair_legs={(g.route or "", g.name): g for g in groups.values() if g.kind == "pair_legs"},
+        topologies={(g.route or "", g.name): g for g in groups.values() if g.kind == "topology"},
     )
 
 

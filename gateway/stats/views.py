@@ -33,3 +33,12 @@ class BookView(Protocol):
 
     @property
     def arms(self) -> Mapping[tuple[str, str], Group]: ...
+
+    @property
+    def pairs(self) -> Mapping[tuple[str, str], Group]: ...  # by (route, `<prefill>><decode>`)
+
+    @property
+    def pair_legs(self) -> Mapping[tuple[str, str], Group]: ...  # ... each pair's leg times (`book.leg_sample`)
+
+    @property
+    def topologies(self) -> Mapping[tuple[str, str], Group]: ...  # by (route, `split` | `whole`)

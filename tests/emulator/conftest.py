@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from backends.base import Runtime
-from backends.emulator import EmulatorConfig, Faults, KvEventsConfig, RunningEmulator, start_emulator
+from backends.emulator import DisaggConfig, EmulatorConfig, Faults, KvEventsConfig, RunningEmulator, start_emulator
 
 FAST = 50.0  # speed factor: simulated seconds per wall second
 
@@ -25,13 +25,14 @@ async def emulator() -> AsyncIterator[MakeEmulator]:
         runtime: str | Runtime, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = FAST,
         max_model_len: int = 2048, seed: int = 0, prefix_reuse: bool | None = None,
         block_size: int | None = None, num_kv_blocks: int | None = None, embedding_dim: int | None = None,
-        kv_events: KvEventsConfig | None = None, data_parallel_size: int = 1, **faults: Any,
+        kv_events: KvEventsConfig | None = None, data_parallel_size: int = 1, disagg: DisaggConfig | None = None,
+        **faults: Any,
     ) -> RunningEmulator:
         cfg = EmulatorConfig(
             runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults),
             max_model_len=max_model_len, seed=seed, prefix_reuse=prefix_reuse, block_size=block_size,
             num_kv_blocks=num_kv_blocks, embedding_dim=embedding_dim, kv_events=kv_events,
-            data_parallel_size=data_parallel_size,
+            data_parallel_size=data_parallel_size, disagg=disagg,
         )
         emu = await start_emulator(cfg, host="127.0.0.1", port=0)
         started.append(emu)

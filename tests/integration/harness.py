@@ -24,7 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.base import Runtime
-from backends.emulator import EmulatorConfig, Faults, KvEventsConfig, RunningEmulator, start_emulator
+from backends.emulator import DisaggConfig, EmulatorConfig, Faults, KvEventsConfig, RunningEmulator, start_emulator
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,14 +59,14 @@ class Emulators:
         self, runtime: Runtime | str, *, model: str = "tiny-moe", profile: str = "tiny", speed: float = 50.0,
         kv_events: KvEventsConfig | None = None, block_size: int | None = None, num_kv_blocks: int | None = None,
         host: str = "127.0.0.1", port: int = 0, embedding_dim: int | None = None, seed: int = 0,
-        data_parallel_size: int = 1, **faults: Any,
+        data_parallel_size: int = 1, disagg: DisaggConfig | None = None, **faults: Any,
     ) -> RunningEmulator:
         """`host` may be any loopback address (127.0.0.2, ... reach this host too: discovery tests
         give each emulator its own address, on one port)."""
         cfg = EmulatorConfig(
             runtime=Runtime(runtime), model=model, profile=profile, speed=speed, faults=Faults(**faults),
             kv_events=kv_events, block_size=block_size, num_kv_blocks=num_kv_blocks,
-            embedding_dim=embedding_dim, seed=seed, data_parallel_size=data_parallel_size,
+            embedding_dim=embedding_dim, seed=seed, data_parallel_size=data_parallel_size, disagg=disagg,
         )
         emu = self._loop.run(start_emulator(cfg, host=host, port=port))
         self._running.append(emu)

@@ -1,0 +1,204 @@
+"""A disaggregated route's requests: plan the pair, run the prefill leg, hand the decode leg on.
+
+`Pairs.prepare` runs before the request's ordinary attempts (`attempts.Attempts.open`): it plans
+the pair (`routing.disaggregation.plan`, pure), and when the request is split, runs leg 1 on the
+prefill (vLLM: `backends.disaggregation`), then rewrites the request the attempts send to the decode
+and returns the decode as their only candidate. The decode leg is the client's request: it is the
+one attempt that answers, is counted once by accounting (its usage is the request's), and is never
+run twice (the attempts' retry rule). A request kept whole goes to the decode pool as usual.
+
+The prefill leg's rules:
+
+- its failure is judged against the prefill's backend alone (never its decode partner); a 4xx is
+  not the backend's doing, and neither is a 429/503 refusal;
+- a failed leg (any failure: its answer is never shown to anyone, so running it again costs only
+  compute) is retried on another prefill server, up to `retries.max_attempts` legs; with none left
+  the decode serves the request alone (it computes its own prefill; the pair's outcome says so);
+- an answer without usable `kv_transfer_params` where the route's `handoff` is `params` is a failed
+  handoff (counted, the leg's outcome `no_params`); the decode gets the client's body as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Final
+
+from backends.base import ClientRequest, Endpoint, Runtime
+from backends.disaggregation import vllm_decode_body, vllm_handoff, vllm_prefill_body
+from backends.ranks import pinned
+
+from ..client import UpstreamPool, UpstreamResponse
+from ..errors import BackendError, BackendOverloaded, BackendProtocolError, GatewayError
+from ..observability.pd import PairRecord, PdMetrics
+from ..pd_settings import DECODE_ROLES, Disaggregation
+from ..rank_settings import unit_backend
+from ..routing import BackendView, Decision, RouteRequest, RoutingState
+from ..routing.disaggregation import PairPlan, plan, prefill_again
+from ..settings import Timeouts
+from ..state.pool import Pool
+from .accounting import Accounting
+from .attempts import map_client_errors
+from .deadlines import Deadlines
+from .exchange import Exchange, new_request_id
+from .request import ParsedRequest
+from .routes import RouteState
+
+log = logging.getLogger(__name__)
+
+SPLITTABLE: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
+PROTOCOLS: Final = frozenset({Runtime.VLLM})
+
+
+class Refused(BackendError):
+    """Leg 1 answered 4xx: the request's doing, not the backend's; the decode will say the same to
+    the client, so it is sent there at once (no other prefill is tried)."""
+
+    blames_backend = False
+
+
+class Pairs:
+    def __init__(self, pool: Pool, upstream: UpstreamPool, routing: RoutingState, accounting: Accounting,
+                 deadlines: Deadlines, metrics: PdMetrics | None, *, timeouts: Timeouts, max_attempts: int,
+                 clock: Callable[[], float], rng: random.Random) -> None:
+        self._pool = pool
+        self._upstream = upstream
+        self._routing = routing
+        self._accounting = accounting
+        self._deadlines = deadlines
+        self._metrics = metrics
+        self._timeouts = timeouts
+        self._max_attempts = max_attempts
+        self._clock = clock
+        self._rng = rng
+
+    def applies(self, route: RouteState, ex: Exchange) -> Disaggregation | None:
+        spec = route.config.disaggregation
+        if spec is None or ex.endpoint not in SPLITTABLE or ex.bridged:
+            return None
+        return spec
+
+    async def prepare(self, route: RouteState, ex: Exchange, spec: Disaggregation, candidates: list[str]) -> list[str]:
+        """The candidates of the request's answering attempt (the decode leg), after its prefill leg
+        when it is split. Raises nothing of its own: a failed prefill falls back to the decode."""
+        pool = self._pool
+        names = pool.expand(candidates)
+        roles: dict[str, str] = {n: pool[n].config.role for n in names}
+        snapshot = self._routing.snapshot(pool.snapshot(names))
+        req = RouteRequest(route.config.model, next(route.seq), frozenset(), ex.features)
+        chosen = plan(req, snapshot, roles, spec, self._rng)
+        decode_pool = [n for n in names if roles[n] in DECODE_ROLES]
+        if chosen is None:
+            return decode_pool  # no healthy decode: the attempts say why
+        decode_backend = next(v.backend for v in snapshot.backends if v.name == chosen.decode.backend)
+        runtime = pool[decode_backend].runtime
+        split = chosen.split and runtime in PROTOCOLS
+        if self._metrics is not None:
+            reason = chosen.reason if runtime in PROTOCOLS else "unsupported_runtime"
+            self._metrics.decision(route.config.model, "split" if split else "whole", reason)
+        ex.topology = "split" if split else "whole"
+        if not split:
+            return decode_pool
+        record = ex.pair = PairRecord(chosen.reason)
+        params = await self._prefill(route, ex, spec, chosen, roles, decode_backend, record)
+        parsed = ex.parsed
+        assert parsed is not None
+        request = parsed.request
+        body = vllm_decode_body(request.body, params)
+        ex.parsed = ParsedRequest(parsed.model, ClientRequest(request.endpoint, body, request.stream,
+                                                              request.include_usage, request.created))
+        return [decode_backend]
+
+    async def _prefill(self, route: RouteState, ex: Exchange, spec: Disaggregation, chosen: PairPlan,
+                       roles: dict[str, str], decode_backend: str, record: PairRecord) -> dict[str, object] | None:
+        """Leg 1 until one answers (then its params, None when it had none), or None with
+        `record.handoff = "prefill_failed"` when none did."""
+        decision: Decision | None = chosen.prefill
+        tried: set[str] = set()
+        model = route.config.model
+        while decision is not None:
+            unit = decision.backend
+            view = next(v for v in self._pool.snapshot([unit_backend(unit)]).backends if v.name == unit)
+            tried.add(view.backend)
+            started = self._clock()
+            try:
+                answer = await self._leg(ex, view)
+            except (BackendError, GatewayError) as failure:
+                kind = type(failure).__name__
+                log.info("request %s: prefill leg on %s failed: %s", ex.request_id, view.backend, kind)
+                if self._metrics is not None:
+                    self._metrics.leg(model, "prefill", view.backend, kind)
+                if isinstance(failure, Refused | GatewayError) or len(tried) >= self._max_attempts:
+                    break
+                names = self._pool.expand(route.config.candidates)
+                snapshot = self._routing.snapshot(self._pool.snapshot(names))
+                req = RouteRequest(model, next(route.seq), frozenset(tried), ex.features)
+                decision = prefill_again(req, snapshot, roles, decode_backend, self._rng)
+                continue
+            ended = self._clock()
+            record.prefill, record.prefill_s, record.prefill_ended_at = view.backend, ended - started, ended
+            handoff, params = vllm_handoff(answer)
+            usable = handoff == "ok" or (spec.handoff == "storage" and handoff == "null")
+            if self._metrics is not None:
+                self._metrics.leg(model, "prefill", view.backend, "ok" if usable else "no_params", ended - started)
+            if not usable:
+                record.handoff = "failed"
+                log.info("request %s: prefill on %s handed no usable kv_transfer_params (%s)", ex.request_id,
+                         view.backend, handoff)
+            return params
+        record.handoff = "prefill_failed"
+        return None
+
+    async def _leg(self, ex: Exchange, view: BackendView) -> bytes:
+        """Send leg 1 to the unit `view` and read its whole answer; BackendError when it failed."""
+        state = self._pool[view.backend]
+        rank = view.rank
+        parsed = ex.parsed
+        assert parsed is not None
+        request = parsed.request
+        leg_request = ClientRequest(request.endpoint, vllm_prefill_body(request.body), False, False, request.created)
+        upstream_id = new_request_id()
+        upstream = state.adapter.build_request(leg_request, model=state.config.model, request_id=upstream_id)
+        pin = state.pin
+        if rank is not None and pin is not None:
+            upstream = pinned(upstream, pin, rank)
+        trace = ex.trace
+        leg = trace.leg("prefill", state, upstream.headers, upstream_id) if trace is not None else None
+        headers = upstream.headers if leg is None else leg.headers
+        ticket = self._routing.dispatched(view, ex.features)
+        state.in_flight += 1
+        if rank is not None:
+            state.rank_in_flight[rank] += 1
+        resp: UpstreamResponse | None = None
+        reached = False
+        try:
+            with map_client_errors(state.name), self._deadlines.after(self._timeouts.first_token_s):
+                resp = await self._upstream.request(state.base_url, "POST", upstream.path, headers, upstream.body)
+                reached = True
+                body = await resp.read()
+            status = resp.status
+            if status in (429, 503):
+                raise BackendOverloaded(state.name, status, state.adapter.normalise_error(status, body))
+            if status >= 500:
+                raise BackendProtocolError(state.name, f"status {status}")
+            if status >= 400:
+                raise Refused(state.name, f"status {status}")
+        except BaseException as failure:
+            if leg is not None:
+                leg.end(failure)
+            self._routing.failed(ticket, reached_engine=reached)
+            if isinstance(failure, BackendError) and failure.blames_backend:
+                self._accounting.judge(self._pool, state, ok=False, detail=failure.detail or type(failure).__name__)
+            raise
+        finally:
+            if resp is not None:
+                resp.close()
+            state.in_flight -= 1
+            if rank is not None:
+                state.rank_in_flight[rank] -= 1
+        if leg is not None:
+            leg.end(status=status)
+        self._routing.completed(ticket, cached_tokens=None, prompt_tokens=None, itl_s=None)
+        self._accounting.judge(self._pool, state, ok=True)
+        return body

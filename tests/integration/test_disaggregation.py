@@ -1,0 +1,184 @@
+"""Prefill/decode disaggregation end to end (issue 23): `gateway serve` in front of emulated vLLM
+servers in prefill and decode roles, over real sockets with the official SDK.
+
+The client sees one answer, the decode's, streamed or not; the prefill ran first (its emulator
+served one request per split request); the figures count each client request once, under the
+decode, with the legs and pairs in their own families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from backends.emulator import DisaggConfig, RunningEmulator
+
+from .harness import Emulators, GatewayProcess, backend_entry, eventually, wait_for
+
+Gateway = Callable[..., GatewayProcess]
+LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me about the sea " * 200}]
+SHORT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+
+
+def pd_route(backends: list[dict[str, Any]], **disaggregation: Any) -> list[dict[str, Any]]:
+    return [{"model": "moe", "backends": [b["name"] for b in backends], "policy": "least_load",
+             "disaggregation": disaggregation}]
+
+
+def served(emu: RunningEmulator) -> int:
+    return emu.ctx.stats.completed
+
+
+def pair(emulators: Emulators, *, prefills: int = 1, **faults: Any) -> tuple[list[RunningEmulator], RunningEmulator,
+                                                                                list[dict[str, Any]]]:
+    ps = [emulators.start("vllm", **(faults if i == 0 else {})) for i in range(prefills)]
+    d = emulators.start("vllm")
+    backends = [backend_entry(f"p{i}", p, "vllm", role="prefill") for i, p in enumerate(ps)]
+    backends.append(backend_entry("d0", d, "vllm", role="decode"))
+    return ps, d, backends
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_split_request_runs_the_prefill_then_answers_from_the_decode(emulators: Emulators, gateway: Gateway,
+                                                                       stream: bool) -> None:
+    (p,), d, backends = pair(emulators)
+    gw = gateway(backends, routes=pd_route(backends, when="always", handoff="storage"))
+    client = gw.client()
+    if stream:
+        chunks = list(client.chat.completions.create(model="moe", messages=LONG, max_tokens=5, stream=True,
+                                                     stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        usage = chunks[-1].usage
+    else:
+        reply = client.chat.completions.create(model="moe", messages=LONG, max_tokens=5)
+        text, usage = reply.choices[0].message.content or "", reply.usage
+    assert text
+    assert usage is not None
+    assert usage.completion_tokens == 5  # the decode's usage, not the prefill's one token
+    eventually(lambda: served(p) == 1 and served(d) == 1)
+    assert p.ctx.stats.tokens_generated == 1  # leg 1 asked for one token
+    assert gw.metric("gateway_requests_total", backend="d0", status="200") == 1  # counted once, as the decode's
+    assert gw.metric("gateway_requests_total", backend="p0") == 0
+    assert gw.metric("gateway_pd_decisions_total", decision="split", reason="always") == 1
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="p0", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="ok") == 1
+    assert gw.metric("gateway_pd_prefill_seconds_count", backend="p0") == 1
+    if stream:
+        assert gw.metric("gateway_pd_ttft_seconds_count", prefill="p0", decode="d0") == 1
+        assert gw.metric("gateway_pd_transfer_seconds_count", prefill="p0", decode="d0") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_nixl_params_reach_the_decode_and_it_pulls_the_kv(emulators: Emulators, gateway: Gateway,
+                                                          stream: bool) -> None:
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    d = emulators.start("vllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    client = gw.client()
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="moe", messages=LONG, max_tokens=4, stream=True) if c.choices)
+    else:
+        text = client.chat.completions.create(model="moe", messages=LONG, max_tokens=4).choices[0].message.content or ""
+    assert text
+    eventually(lambda: d.ctx.stats.kv_pulled == 1)
+    assert p.ctx.stats.kv_produced == 1
+    assert d.ctx.stats.kv_recomputed == 0
+    assert d.ctx.stats.kv_pulled_tokens > 0
+    assert gw.metric("gateway_pd_legs_total", backend="p0", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="ok") == 1
+
+
+def test_example_connector_storage_handoff(emulators: Emulators, gateway: Gateway, tmp_path: Path) -> None:
+    shared = DisaggConfig(connector="ExampleConnector", shared_storage_path=str(tmp_path))
+    p = emulators.start("vllm", disagg=dataclasses.replace(shared, role="prefill"))
+    d = emulators.start("vllm", disagg=dataclasses.replace(shared, role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always", handoff="storage"))
+    assert gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=3).choices[0].message.content
+    eventually(lambda: served(d) == 1)
+    assert gw.metric("gateway_pd_legs_total", backend="p0", outcome="ok") == 1  # null params expected
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="ok") == 1
+
+
+def test_a_prefill_without_params_is_a_failed_handoff_in_the_figures(emulators: Emulators, gateway: Gateway) -> None:
+    """The emulated prefill (without a KV connector's params) answers `kv_transfer_params: null`:
+    with `handoff: params` the decode recomputes, the client is served, the pair counts it failed."""
+    (p,), d, backends = pair(emulators)
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    reply = gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=3)
+    assert reply.choices[0].message.content
+    eventually(lambda: served(p) == 1 and served(d) == 1)
+    assert gw.metric("gateway_pd_legs_total", backend="p0", outcome="no_params") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d0", outcome="handoff_failed") == 1
+
+
+def test_auto_splits_long_prompts_and_keeps_short_ones_whole(emulators: Emulators, gateway: Gateway) -> None:
+    (p,), d, backends = pair(emulators)
+    gw = gateway(backends, routes=pd_route(backends, when="auto", min_uncached_tokens=256, handoff="storage"))
+    client = gw.client()
+    client.chat.completions.create(model="moe", messages=SHORT, max_tokens=2)
+    assert served(p) == 0
+    eventually(lambda: served(d) == 1)
+    client.chat.completions.create(model="moe", messages=LONG, max_tokens=2)
+    eventually(lambda: served(p) == 1 and served(d) == 2)
+    assert gw.metric("gateway_pd_decisions_total", decision="whole", reason="cached") == 1
+    assert gw.metric("gateway_pd_decisions_total", decision="split", reason="uncached") == 1
+
+
+def test_a_failed_prefill_is_retried_on_another_and_never_ejects_the_decode(emulators: Emulators,
+                                                                             gateway: Gateway) -> None:
+    (bad, good), d, backends = pair(emulators, prefills=2, fail_first=100, fail_status=500)
+    gw = gateway(backends, routes=pd_route(backends, when="always", handoff="storage"))
+    client = gw.client()
+    for _ in range(4):
+        assert client.chat.completions.create(model="moe", messages=LONG, max_tokens=2).choices[0].message.content
+    assert served(good) >= 3
+    assert bad.ctx.stats.failed_injected >= 1  # tried first at least once, then never again once ejected
+    assert served(d) == 4
+    assert gw.metric("gateway_requests_total", backend="d0", status="200") == 4
+    assert gw.metric("gateway_pd_legs_total", backend="p0", outcome="BackendProtocolError") >= 1
+    assert gw.metric("gateway_backend_ejections_total", backend="p0") >= 1  # judged: two failures eject it
+    assert gw.metric("gateway_backend_ejections_total", backend="d0") == 0
+
+
+def test_with_no_prefill_left_the_decode_serves_alone(emulators: Emulators, gateway: Gateway) -> None:
+    (bad,), d, backends = pair(emulators, fail_first=100, fail_status=500)
+    gw = gateway(backends, routes=pd_route(backends, when="always", handoff="storage"))
+    reply = gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=2)
+    assert reply.choices[0].message.content
+    assert bad.ctx.stats.failed_injected == 1  # one prefill leg, no other prefill to retry on
+    assert served(d) == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="none", decode="d0", outcome="prefill_failed") == 1
+    assert gw.metric("gateway_requests_total", backend="d0", status="200") == 1
+
+
+def test_the_comparison_shows_pairs_their_legs_and_the_topologies(emulators: Emulators, gateway: Gateway) -> None:
+    (p,), d, backends = pair(emulators)
+    gw = gateway(backends, routes=pd_route(backends, when="auto", min_uncached_tokens=256, handoff="storage"))
+    client = gw.client()
+    other: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me about the sky " * 200}]
+    for messages in (LONG, other, SHORT, LONG):  # the last is cached on the decode by now: kept whole
+        list(client.chat.completions.create(model="moe", messages=messages, max_tokens=3, stream=True))
+
+    def document() -> dict[str, Any]:
+        doc: dict[str, Any] = gw.get("/admin/compare?window=60").json()
+        return doc
+
+    doc = wait_for(document, lambda doc: sum(r["requests"] for r in doc["topologies"]) == 4, what="topology rows")
+    topologies = {r["name"]: r for r in doc["topologies"]}
+    assert (topologies["split"]["requests"], topologies["whole"]["requests"]) == (2, 2)
+    assert topologies["split"]["ttft_s"]["n"] == 2
+    [row] = doc["pairs"]
+    assert (row["route"], row["prefill"], row["decode"], row["requests"]) == ("moe", "p0", "d0", 2)
+    assert row["prefill_s"]["n"] == 2
+    assert row["transfer_s"]["n"] == 2
+    assert row["ttft_s"]["p50"] >= row["prefill_s"]["p50"]  # the true TTFT includes the prefill leg
+    assert served(p) == 2
+    assert served(d) == 4

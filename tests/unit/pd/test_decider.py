@@ -1,0 +1,120 @@
+"""The pair choice and the `auto` decider: pure, over snapshots."""
+
+from __future__ import annotations
+
+from backends.base import Runtime
+from gateway.pd_settings import Disaggregation
+from gateway.routing import BackendView, RoutingState
+from gateway.routing.disaggregation import plan, prefill_again
+
+from ..routing.helpers import RNG, doc, features, req, snap, view, warm
+
+ROLES = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode", "b": "both"}
+ALWAYS = Disaggregation(when="always")
+AUTO = Disaggregation(when="auto", min_uncached_tokens=256)
+
+
+def kv(name: str, usage: float, load: int = 0) -> BackendView:
+    return BackendView(name, Runtime.VLLM, True, load, None, None, usage, None)
+
+
+def test_always_pairs_a_prefill_with_the_least_loaded_decode() -> None:
+    state = RoutingState()
+    views = [view("p0"), view("p1"), view("d0", load=3), view("d1", running=1)]
+    chosen = plan(req(features(doc(1))), snap(state, *views), ROLES, ALWAYS, RNG)
+    assert chosen is not None
+    assert chosen.prefill is not None
+    assert chosen.decode.backend == "d1"
+    assert chosen.prefill.backend in {"p0", "p1"}
+    assert (chosen.decision, chosen.reason) == ("split", "always")
+
+
+def test_the_prefill_follows_its_cached_prefix() -> None:
+    state = RoutingState()
+    views = [view("p0"), view("p1"), view("d0")]
+    f = features(doc(2, 4096))
+    warm(state, views[1], f)
+    chosen = plan(req(features(doc(2, 4096), "next")), snap(state, *views), ROLES, ALWAYS, RNG)
+    assert chosen is not None
+    assert chosen.prefill is not None
+    assert (chosen.prefill.backend, chosen.prefill.reason) == ("p1", "affinity")
+
+
+def test_decode_load_counts_kv_usage_after_requests() -> None:
+    views = [view("p0"), kv("d0", 0.8), kv("d1", 0.2)]
+    chosen = plan(req(features(doc(3))), snap(RoutingState(), *views), ROLES, ALWAYS, RNG)
+    assert chosen is not None
+    assert chosen.decode.backend == "d1"
+
+
+def test_a_both_backend_serves_either_leg_but_never_both_of_one_request() -> None:
+    views = [view("b"), view("d0", load=5)]
+    chosen = plan(req(features(doc(4))), snap(RoutingState(), *views), ROLES, ALWAYS, RNG)
+    assert chosen is not None
+    assert chosen.prefill is not None
+    assert (chosen.prefill.backend, chosen.decode.backend) == ("b", "d0")  # b is less loaded, but the only prefill
+    alone = plan(req(features(doc(4))), snap(RoutingState(), view("b")), ROLES, ALWAYS, RNG)
+    assert alone is not None
+    assert (alone.split, alone.reason, alone.decode.backend) == (False, "no_prefill", "b")
+
+
+def test_auto_splits_a_long_uncached_prompt_and_keeps_a_short_one_whole() -> None:
+    views = [view("p0"), view("d0")]
+    long = plan(req(features(doc(5, 4096))), snap(RoutingState(), *views), ROLES, AUTO, RNG)
+    short = plan(req(features("tiny")), snap(RoutingState(), *views), ROLES, AUTO, RNG)
+    assert long is not None
+    assert (long.split, long.reason) == (True, "uncached")
+    assert long.uncached_tokens >= 256
+    assert short is not None
+    assert (short.split, short.reason) == (False, "cached")
+
+
+def test_auto_keeps_whole_a_long_prompt_the_decode_already_holds() -> None:
+    state = RoutingState()
+    views = [view("p0"), view("d0")]
+    warm(state, views[1], features(doc(6, 4096)))
+    chosen = plan(req(features(doc(6, 4096), "more")), snap(state, *views), ROLES, AUTO, RNG)
+    assert chosen is not None
+    assert (chosen.split, chosen.reason) == (False, "cached")
+    assert chosen.decode.expected_hit_tokens > 0
+
+
+def test_auto_keeps_whole_when_the_decode_pool_is_saturated() -> None:
+    views = [view("p0"), kv("d0", 0.95), kv("d1", 0.97)]
+    chosen = plan(req(features(doc(7, 4096))), snap(RoutingState(), *views), ROLES, AUTO, RNG)
+    assert chosen is not None
+    assert (chosen.split, chosen.reason) == (False, "decode_saturated")
+    one_free = plan(req(features(doc(7, 4096))), snap(RoutingState(), view("p0"), kv("d0", 0.95), kv("d1", 0.5)),
+                    ROLES, AUTO, RNG)
+    assert one_free is not None
+    assert one_free.split
+
+
+def test_never_and_no_healthy_decode() -> None:
+    views = [view("p0"), view("d0")]
+    chosen = plan(req(features(doc(8, 4096))), snap(RoutingState(), *views), ROLES, Disaggregation(when="never"), RNG)
+    assert chosen is not None
+    assert (chosen.split, chosen.reason, chosen.decode.backend) == (False, "never", "d0")
+    dead = [view("p0"), view("d0", healthy=False)]
+    assert plan(req(features(doc(8))), snap(RoutingState(), *dead), ROLES, ALWAYS, RNG) is None
+
+
+def test_a_failed_prefill_is_retried_on_another_never_on_the_decode() -> None:
+    views = [view("p0"), view("p1"), view("b"), view("d0")]
+    again = prefill_again(req(features(doc(9)), exclude=frozenset({"p0"})), snap(RoutingState(), *views), ROLES,
+                          "b", RNG)
+    assert again is not None
+    assert again.backend == "p1"
+    none_left = prefill_again(req(features(doc(9)), exclude=frozenset({"p0", "p1"})),
+                              snap(RoutingState(), *views), ROLES, "b", RNG)
+    assert none_left is None
+
+
+def test_ranks_of_one_server_are_decode_units_of_its_role() -> None:
+    units = [BackendView(f"d0@{r}", Runtime.VLLM, True, load, None, None, None, None, backend="d0", rank=r)
+             for r, load in enumerate((2, 0, 1))]
+    chosen = plan(req(features(doc(10))), snap(RoutingState(), view("p0"), *units), ROLES, ALWAYS, RNG)
+    assert chosen is not None
+    assert chosen.decode.backend == "d0@1"
+    assert chosen.prefill is not None
+    assert chosen.prefill.backend == "p0"
