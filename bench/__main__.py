@@ -20,6 +20,8 @@ COMMANDS = {
     "instructions": ("bench.instructions", "instructions per request under callgrind (gateway vs the lean relay): "
                      "json, 20 events in one write, per extra one-event-per-write chunk"),
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
+    "pd": ("bench.pd", "prefill/decode disaggregation vs an aggregated pool of the same size (and when: auto) on "
+                       "emulated vLLM: TTFT p50/p99 and output tokens/s, long and short prompts"),
     "replicas": ("bench.replicas", "Redis + 3 replicas x 2 workers: shared budget, weight propagation, placement, "
                                    "scaling, store overhead"),
 }

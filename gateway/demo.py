@@ -8,14 +8,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.emulator import RunningEmulator
-from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, DEMO_WIDE_FLEET, start_fleet
+from backends.base import Runtime
+from backends.emulator import DisaggConfig, RunningEmulator
+from backends.emulator.fleet import DEMO_EMBEDDING_FLEET, DEMO_FLEET, DEMO_WIDE_FLEET, FleetSpec, start_fleet
 
 from .settings import Settings, parse_settings
 
 DEMO_MODEL = "deepseek-v3"
 DEMO_EMBEDDING_MODEL = "bge-m3"
+DEMO_PD_MODEL = "deepseek-v3-pd"  # the same model, served by a prefill/decode pair
 DEMO_SPEED = 1.0
+# A P/D pair: two vLLM servers (NixlConnector roles) behind `deepseek-v3-pd`, on ports 8008 and 8009;
+# `when: auto` splits the prompts with at least DEMO_PD_MIN_UNCACHED uncached tokens on the decode.
+DEMO_PD_FLEET: list[FleetSpec] = [
+    FleetSpec("vllm-p0", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 8, disagg=DisaggConfig(role="prefill")),
+    FleetSpec("vllm-d0", Runtime.VLLM, "deepseek-v3", "deepseek-v3-8xh200", 9, disagg=DisaggConfig(role="decode")),
+]
+DEMO_PD_MIN_UNCACHED = 512
 
 
 @dataclass
@@ -40,6 +49,8 @@ Point any OpenAI SDK at it:
         messages=[{{"role": "user", "content": "Which runtime served me?"}}],
     )
     print(reply.choices[0].message.content)
+    # a prefill/decode pair (vllm-p0 -> vllm-d0): long prompts are split, short ones served whole
+    client.chat.completions.create(model="{DEMO_PD_MODEL}", messages=[{{"role": "user", "content": "hi " * 800}}])
     print(client.responses.create(model="{DEMO_MODEL}", input="Hello").output_text)
     print(client.embeddings.create(model="{DEMO_EMBEDDING_MODEL}", input="Hello").data[0].embedding[:4])
 
@@ -49,7 +60,7 @@ Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
 
 
 async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> Demo:
-    specs = [*DEMO_FLEET, *DEMO_WIDE_FLEET, *DEMO_EMBEDDING_FLEET]
+    specs = [*DEMO_FLEET, *DEMO_WIDE_FLEET, *DEMO_EMBEDDING_FLEET, *DEMO_PD_FLEET]
     emulators = await start_fleet(specs, speed=speed, host=host)
     backends = []
     for spec, emu in zip(specs, emulators, strict=True):
@@ -64,6 +75,8 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> D
             entry["metrics_url"] = emu.metrics_url
         if spec.data_parallel_size > 1:  # the wide-EP server: each rank a routing unit
             entry["data_parallel_size"] = spec.data_parallel_size
+        if spec.disagg is not None:  # the P/D pair: each server's role
+            entry["role"] = spec.disagg.role
         backends.append(entry)
     settings = parse_settings(
         {
@@ -74,6 +87,8 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> D
                  "policy": "least_load"},
                 {"model": DEMO_EMBEDDING_MODEL, "kind": "embeddings",
                  "backends": [s.name for s in DEMO_EMBEDDING_FLEET]},
+                {"model": DEMO_PD_MODEL, "backends": [s.name for s in DEMO_PD_FLEET], "policy": "least_load",
+                 "disaggregation": {"when": "auto", "min_uncached_tokens": DEMO_PD_MIN_UNCACHED}},
             ],
             "health": {"interval_s": 1.0},
         },

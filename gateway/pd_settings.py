@@ -115,42 +115,51 @@ def bootstrap_port(backend: _Roled) -> int:
 
 
 def check_pd_routes(routes: Sequence[_Route], backends: Sequence[_Named], pools: Sequence[_Pool]) -> None:
-    """The cross-checks of roles and routes: a disaggregated route can pair a prefill with a decode
-    of one runtime; a route that does not disaggregate has no prefill-only backend. A Kubernetes pool
-    whose pods may say their role (labels) counts as any role here."""
+    """The cross-checks of roles and routes: a disaggregated route (or A/B arm: an arm's own
+    `disaggregation` replaces its route's) can pair a prefill with a decode of one runtime; one
+    that does not disaggregate has no prefill-only backend. A Kubernetes pool whose pods may say
+    their role (labels) counts as any role here."""
     static = {b.name: b for b in backends}
     discovered = {p.name: p for p in pools}
     for i, route in enumerate(routes):
-        spec = route.disaggregation
-        members = [static.get(n) or discovered[n] for n in route.candidates if n in static or n in discovered]
-        if spec is None:
-            prefill_only = [m.name for m in members if m.role == "prefill"]
-            if prefill_only:
-                raise ValueError(f"routes.{i}.backends: {prefill_only} have `role: prefill` and can serve only "
-                                 "a prefill leg; give the route a `disaggregation:` section")
-            continue
-        if route.kind != "generate":
-            raise ValueError(f"routes.{i}.disaggregation: only generate routes have a prefill to split off")
-        runtimes = sorted({m.runtime.value for m in members})
-        if len(runtimes) > 1:
-            raise ValueError(f"routes.{i}.disaggregation: its backends run {runtimes}; a prefill and a decode "
-                             "speak one runtime's protocol (one runtime per disaggregated route)")
-        if runtimes == [Runtime.TRITON.value]:
-            raise ValueError(f"routes.{i}.disaggregation: Triton has no disaggregated serving")
-        if spec.handoff == "storage" and runtimes != [Runtime.VLLM.value]:
-            raise ValueError(f"routes.{i}.disaggregation.handoff: `storage` is vLLM's (a shared-storage "
-                             "KV connector)")
-        if spec.when == "never":
-            continue
-        any_role = {m.name for m in members if getattr(m, "kind", None) == "kubernetes"}
-        prefill = {m.name for m in members if m.role in PREFILL_ROLES} | any_role
-        decode = {m.name for m in members if m.role in DECODE_ROLES} | any_role
-        if not prefill:
-            raise ValueError(f"routes.{i}.disaggregation: no prefill backend among {route.candidates} "
-                             "(give one `role: prefill` or `both`)")
-        if not decode:
-            raise ValueError(f"routes.{i}.disaggregation: no decode backend among {route.candidates} "
-                             "(give one `role: decode` or `both`)")
-        if len(prefill | decode) < 2 and not any_role:
-            raise ValueError(f"routes.{i}.disaggregation: a prefill and a decode must be two servers; "
-                             f"{route.candidates} has one")
+        split = getattr(route, "split", None)
+        if split is None:
+            scopes = [(f"routes.{i}", route.candidates, route.disaggregation)]
+        else:
+            scopes = [(f"routes.{i}.split.arms.{j}", list(arm.backends), arm.disaggregation or route.disaggregation)
+                      for j, arm in enumerate(split.arms)]
+        for where, names, spec in scopes:
+            members = [static.get(n) or discovered[n] for n in names if n in static or n in discovered]
+            _check_scope(where, route.kind, names, members, spec)
+
+
+def _check_scope(where: str, kind: str, names: list[str], members: list[_Named], spec: Disaggregation | None) -> None:
+    if spec is None:
+        prefill_only = [m.name for m in members if m.role == "prefill"]
+        if prefill_only:
+            raise ValueError(f"{where}.backends: {prefill_only} have `role: prefill` and can serve only "
+                             "a prefill leg; give the route a `disaggregation:` section")
+        return
+    if kind != "generate":
+        raise ValueError(f"{where}.disaggregation: only generate routes have a prefill to split off")
+    runtimes = sorted({m.runtime.value for m in members})
+    if len(runtimes) > 1:
+        raise ValueError(f"{where}.disaggregation: its backends run {runtimes}; a prefill and a decode "
+                         "speak one runtime's protocol (one runtime per disaggregated route)")
+    if runtimes == [Runtime.TRITON.value]:
+        raise ValueError(f"{where}.disaggregation: Triton has no disaggregated serving")
+    if spec.handoff == "storage" and runtimes != [Runtime.VLLM.value]:
+        raise ValueError(f"{where}.disaggregation.handoff: `storage` is vLLM's (a shared-storage KV connector)")
+    if spec.when == "never":
+        return
+    any_role = {m.name for m in members if getattr(m, "kind", None) == "kubernetes"}
+    prefill = {m.name for m in members if m.role in PREFILL_ROLES} | any_role
+    decode = {m.name for m in members if m.role in DECODE_ROLES} | any_role
+    if not prefill:
+        raise ValueError(f"{where}.disaggregation: no prefill backend among {names} "
+                         "(give one `role: prefill` or `both`)")
+    if not decode:
+        raise ValueError(f"{where}.disaggregation: no decode backend among {names} "
+                         "(give one `role: decode` or `both`)")
+    if len(prefill | decode) < 2 and not any_role:
+        raise ValueError(f"{where}.disaggregation: a prefill and a decode must be two servers; {names} has one")

@@ -185,6 +185,9 @@ class Arm(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=_NAME)]
     weight: Annotated[float, Field(ge=0)]
     backends: Annotated[list[str], Field(min_length=1)]
+    # the arm's own P/D topology, in place of its route's (`{when: never}`: an aggregated arm against
+    # a disaggregated one on the same model); None: the route's
+    disaggregation: Disaggregation | None = None
 
 
 class Shadow(_Strict):
@@ -233,6 +236,13 @@ class Route(_Strict):
         if (self.backends is None) == (self.split is None):
             raise ValueError("a route needs exactly one of `backends` or `split`")
         return self
+
+    @cached_property
+    def disaggregates(self) -> bool:
+        """Whether some of its requests may be split into prefill and decode legs (its own
+        `disaggregation`, or an A/B arm's)."""
+        return self.disaggregation is not None or (
+            self.split is not None and any(a.disaggregation is not None for a in self.split.arms))
 
     @cached_property
     def candidates(self) -> list[str]:

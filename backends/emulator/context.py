@@ -23,6 +23,7 @@ from backends.emulator.faults import FaultGate
 from backends.emulator.kv_events import EventCollector, KvPublisher
 from backends.emulator.kv_handoff import KvHandoff
 from backends.emulator.profiles import EngineParams, Profile
+from backends.emulator.sglang_kv import KvManager
 from backends.emulator.shared_storage import SharedStorage
 from backends.emulator.textgen import OutputPlan, plan_output, plan_text
 
@@ -96,6 +97,8 @@ class Generation:
         self.rank = rank  # the data-parallel rank (engine) serving it
         self.cached_tokens = 0
         self.finished: list[Finished | None] = [None] * len(plans)
+        # awaited once before the last token is handed out (a P/D prefill sends its KV then)
+        self.before_finish: Callable[[], Awaitable[None]] | None = None
 
     @property
     def done(self) -> bool:
@@ -112,6 +115,9 @@ class Generation:
         h = self._handle
         while not h.done:
             ev = await h.next()
+            if h.done and self.before_finish is not None:
+                hook, self.before_finish = self.before_finish, None
+                await hook()
             choice = h.index_of[ev.rid]
             plan = self.plans[choice]
             self.cached_tokens = ev.cached_tokens
@@ -153,6 +159,7 @@ class FaceContext:
         self._zctx: zmq.asyncio.Context | None = None
         self.on_stop: list[Callable[[], Awaitable[None]]] = []  # what a face started (SGLang's bootstrap server)
         self.bootstrap_port: int | None = None  # SGLang prefill: its bootstrap server's bound port
+        self.sglang_kv: list[KvManager] = []  # SGLang P/D: each rank's KV manager
 
     def zmq_context(self) -> zmq.asyncio.Context:
         if self._zctx is None:

@@ -84,12 +84,13 @@ class KvHandoff:
         self.stats.kv_produced += 1
         return list(ids)
 
-    def take(self, request_id: str, block_ids: Sequence[int]) -> tuple[int, ...] | str:
-        """A decode's read of a lease: the prompt its blocks hold (then freed), or why not."""
+    def take(self, request_id: str, block_ids: Sequence[int] | None) -> tuple[int, ...] | str:
+        """A decode's read of a lease: the prompt its blocks hold (then freed), or why not
+        (`block_ids` None: the reader names the request only, as trtllm's opaque state does)."""
         lease = self.leases.get(request_id)
         if lease is None:
             return f"request {request_id} holds no KV blocks on engine {self.engine_id} (never kept, read or expired)"
-        if tuple(block_ids) != lease.block_ids:
+        if block_ids is not None and tuple(block_ids) != lease.block_ids:
             return f"request {request_id}: block ids {list(block_ids)[:4]}... are not the kept blocks"
         self._release(lease)
         return lease.tokens
@@ -138,7 +139,7 @@ class KvHandoff:
             return {"engine_id": self.engine_id, "block_size": self.engine.params.block_size,
                     "num_blocks": self.engine.params.kv_blocks}
         if isinstance(msg, list) and len(msg) == 3 and msg[0] == READ_MSG:
-            got = self.take(str(msg[1]), [int(b) for b in msg[2]])
+            got = self.take(str(msg[1]), None if msg[2] is None else [int(b) for b in msg[2]])
             if isinstance(got, str):
                 return {"ok": False, "error": got}
             return {"ok": True, "tokens": list(got)}
@@ -161,7 +162,8 @@ class PullError(Exception):
 
 
 async def pull(
-    zctx: zmq.asyncio.Context, *, host: str, port: int, engine_id: str, request_id: str, block_ids: Sequence[int],
+    zctx: zmq.asyncio.Context, *, host: str, port: int, engine_id: str, request_id: str,
+    block_ids: Sequence[int] | None,
     timeout_s: float = PULL_TIMEOUT_S,
 ) -> tuple[int, ...]:
     """Handshake with a prefill's side channel, check its engine id, read the blocks: the prompt
@@ -174,7 +176,7 @@ async def pull(
         if not isinstance(meta, dict) or meta.get("engine_id") != engine_id:
             got = meta.get("engine_id") if isinstance(meta, dict) else meta
             raise PullError(f"Remote NIXL agent engine ID mismatch. Expected {engine_id}, received {got}.")
-        reply = await _ask(sock, [READ_MSG, request_id, list(block_ids)], timeout_s)
+        reply = await _ask(sock, [READ_MSG, request_id, None if block_ids is None else list(block_ids)], timeout_s)
         if not isinstance(reply, dict) or not reply.get("ok"):
             raise PullError(str(reply.get("error") if isinstance(reply, dict) else reply))
         return tuple(int(t) for t in reply["tokens"])

@@ -254,6 +254,32 @@ def _check_disagg(config: EmulatorConfig) -> None:
             raise ValueError(f"{pd.connector} needs kv_connector_extra_config.shared_storage_path")
 
 
+async def _start_sglang_pd(ctx: FaceContext, host: str) -> None:
+    """SGLang in prefill or decode mode: each rank's KV manager; a prefill's bootstrap server,
+    with every rank registered (as its KV managers do at start)."""
+    pd = ctx.config.disagg
+    if pd is None or pd.role == "both" or ctx.config.runtime is not Runtime.SGLANG:
+        return
+    from backends.emulator.sglang_bootstrap import BootstrapStore, build_app
+    from backends.emulator.sglang_kv import KvManager
+
+    ctx.sglang_kv = [KvManager(ctx.zmq_context(), host, r.rank) for r in ctx.ranks]
+    for manager in ctx.sglang_kv:
+        ctx.on_stop.append(manager.close)
+    if pd.role != "prefill":
+        return
+    store = BootstrapStore()
+    for manager in ctx.sglang_kv:
+        store.register({"attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
+                        "attn_dp_size": len(ctx.ranks), "attn_dp_rank": manager.rank, "pp_size": 1, "pp_rank": 0,
+                        "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": manager.host,
+                        "rank_port": manager.port, "page_size": ctx.params.block_size,
+                        "kv_cache_dtype": "auto", "load_balance_method": "follow_bootstrap_room"})
+    runner, bound = await _serve(build_app(store), host, pd.bootstrap_port or 0)
+    ctx.bootstrap_port = bound
+    ctx.on_stop.append(runner.cleanup)
+
+
 async def _start_handoffs(ctx: FaceContext, host: str) -> None:
     """The NIXL side channel of each rank (vLLM NixlConnector; trtllm-serve's cache transceiver)."""
     pd = ctx.config.disagg
@@ -305,6 +331,7 @@ async def start_emulator(
     runners: list[web.AppRunner] = []
     try:
         await _start_handoffs(ctx, host)
+        await _start_sglang_pd(ctx, host)
         runner, bound = await _serve(faces.app, host, port)
         runners.append(runner)
         url = f"http://{host}:{bound}"

@@ -5,12 +5,13 @@ generation through the engine, `/v1/loads`, and the native `/generate` (in `sgla
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from aiohttp import web
 
-from backends.emulator import sglang_aux
+from backends.emulator import sglang_aux, sglang_pd
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.dp import BadRank, mark_served, served_rank_header, sglang_rank
 from backends.emulator.openai_common import (
@@ -119,12 +120,26 @@ async def generate(request: web.Request) -> web.StreamResponse:
         rank = sglang_rank(req.body, ctx.data_parallel_size)
     except BadRank as bad_rank:  # the tokenizer manager's ValueError: a 400, or an error chunk in a stream
         return await _refused(request, req, Reject(400, str(bad_rank), "BadRequest"))
-    bootstrap_room = req.body.get("bootstrap_room")  # a P/D request: SGLang's prefill rank follows its room
-    gen = ctx.start(req.prompt, plans, rank=rank,
-                    room=bootstrap_room if isinstance(bootstrap_room, int) else None)
+    boot_room = sglang_pd.room_of(req.body)  # a P/D request: SGLang's prefill rank follows its room
+    mode = sglang_pd.disagg_mode(ctx)
+    if mode is not None and boot_room is None:
+        return await _refused(request, req, Reject(400, sglang_pd.NO_ROOM, "BadRequest"))
+    rid = ctx.hex_id(32)
+    chosen = ctx.choose_rank(rank, room=None if mode == "decode" else boot_room)
+    external, reg = 0, None
+    try:
+        if mode == "prefill" and boot_room is not None:  # bootstrap queue: wait for the room's decode
+            reg = await sglang_pd.await_decode(ctx, chosen, boot_room, rid)
+            plans = ctx.plans(req.n, max_tokens=1)  # a prefill server computes the prompt and one token
+        elif mode == "decode" and boot_room is not None:  # prealloc + transfer queues: wait for the KV
+            external = await sglang_pd.fetch_kv(ctx, chosen, req.body, boot_room, req.prompt, rid)
+    except sglang_pd.LegFailed as exc:
+        return await _refused(request, req, Reject(500, str(exc), "InternalServerError"))
+    gen = ctx.start(req.prompt, plans, chosen=chosen, external_tokens=external)
+    if reg is not None and boot_room is not None:
+        gen.before_finish = functools.partial(sglang_pd.send_kv, ctx, chosen, reg, boot_room, req.prompt)
     mark_served(request, gen.rank, ctx.data_parallel_size)
     metrics.register(gen.rids, streaming=req.stream)
-    rid = ctx.hex_id(32)
     try:
         if req.stream:
             return await _stream(ctx, request, req, gen, rid, model, layout)

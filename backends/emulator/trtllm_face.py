@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from backends.emulator import trtllm_aux
+from backends.emulator import trtllm_aux, trtllm_pd
 from backends.emulator.context import CONTEXT_KEY, FaceContext, Generation
 from backends.emulator.exposition import render
 from backends.emulator.openai_common import (
@@ -70,6 +70,9 @@ def _validate(ctx: FaceContext, raw: bytes, *, chat: bool) -> ChatRequest:
         raise pydantic(model_name, exc.field, exc.msg, exc.kind, exc.value) from None
     except ShapeError as exc:
         raise flat(str(exc), "BadRequestError", 400) from None
+    ids = body.get("prompt_token_ids")
+    if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):  # the disaggregated server's
+        req = ChatRequest(**{**{f: getattr(req, f) for f in req.__slots__}, "prompt": list(ids)})
     opts = body.get("stream_options")
     if isinstance(opts, dict):
         include = bool(opts.get("include_usage", True))
@@ -102,7 +105,23 @@ async def generate(request: web.Request) -> web.StreamResponse:
     layout = hermes_layout(req.shape.tool.name, req.shape.json_text()) if req.shape.tool is not None else None
     text = layout.text if layout is not None else req.shape.json_text() if req.shape.kind == "json" else None
     plans = ctx.plans(req.n, max_tokens=max_tokens, stop=req.stop, text=text)
-    gen = ctx.start(req.prompt, plans)
+    leg = trtllm_pd.request_type(req.body)
+    external, ctx_finish = 0, None
+    if leg is not None and not ctx.handoffs:
+        return json_response(flat(f"disaggregated_params {leg}: this server has no cache transceiver (start it "
+                                  "with --role)", "BadRequestError", 400).body, 400)
+    if leg == trtllm_pd.CONTEXT_ONLY:
+        if req.stream:
+            return json_response(flat("Context-only requests cannot be streamed", "BadRequestError", 400).body, 400)
+        first, ctx_finish = trtllm_pd.context_plan(plans[0])
+        plans = [first]
+        req = ChatRequest(**{**{f: getattr(req, f) for f in req.__slots__}, "n": 1})
+    elif leg == trtllm_pd.GENERATION_ONLY:
+        try:
+            external = await trtllm_pd.load_context(ctx, req.body, req.prompt)
+        except trtllm_pd.LegFailed as exc:
+            return json_response(flat(str(exc), "InternalServerError", 500).body, 500)
+    gen = ctx.start(req.prompt, plans, external_tokens=external)
     try:
         if req.stream:
             return await _stream(ctx, request, req, gen, model, layout)
@@ -113,6 +132,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         except Died:
             return web.Response(status=500)
         choices: list[dict[str, Any]] = []
+        disagg = None
+        if ctx_finish is not None:  # the context leg: its KV kept for the generation leg
+            disagg = trtllm_pd.context_params(ctx, req.prompt, plans[0].token_ids[0], ctx_finish,
+                                              req.body["disaggregated_params"].get("disagg_request_id"))
         for i, plan in enumerate(plans):
             out = "".join(texts[i])
             c: dict[str, Any] = {"index": i}
@@ -126,14 +149,17 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 c["message"] = {"role": "assistant", "content": out, "reasoning_content": None, "tool_calls": []}
             else:
                 c["text"] = out
-            c.update(logprobs=None, finish_reason=finish, stop_reason=plan.stop_reason,
-                     disaggregated_params=None, avg_decoded_tokens_per_iter=1.0)
+            c.update(logprobs=None, finish_reason=ctx_finish or finish, stop_reason=plan.stop_reason,
+                     disaggregated_params=disagg if i == 0 else None, avg_decoded_tokens_per_iter=1.0)
             choices.append(c)
         prefix = "chatcmpl-" if chat else "cmpl-"
-        return json_response({
+        body: dict[str, Any] = {
             "id": prefix + ctx.hex_id(32), "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
-            "usage": _usage(len(req.prompt), sum(len(t) for t in texts), gen.cached_tokens)})
+            "usage": _usage(len(req.prompt), sum(len(t) for t in texts), gen.cached_tokens)}
+        if disagg is not None:
+            body["prompt_token_ids"] = list(req.prompt)
+        return json_response(body)
     finally:
         gen.abort()
 

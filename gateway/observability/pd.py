@@ -15,7 +15,8 @@ usage, in the usual families under the decode backend); these families say what 
   decode token, prefill leg included (streams);
 - `gateway_pd_requests_total{model, prefill, decode, outcome}`: each split request by how its pair
   did: `ok`, `handoff_failed` (no usable params: the decode recomputed the prefill),
-  `prefill_failed` (no prefill answered: the decode served it alone; prefill="none"), or
+  `prefill_failed` (no prefill answered: the decode served it alone; prefill="none"),
+  `finished` (trtllm: the context leg's answer was the whole answer, returned as is), or
   `decode_failed`.
 
 Labels are config names only. Every family adds up over workers (`Merge.SUM`).
@@ -23,6 +24,7 @@ Labels are config names only. Every family adds up over workers (`Merge.SUM`).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Final
 
@@ -49,7 +51,10 @@ class PairRecord:
     prefill: str | None = None  # the backend whose prefill answered (None: none did)
     prefill_s: float | None = None
     prefill_ended_at: float | None = None  # on the request clock
-    handoff: str = "ok"  # ok | failed (params expected, none usable) | prefill_failed
+    # ok | failed (params expected, none usable) | prefill_failed | finished (trtllm: the context leg's
+    # answer was the whole answer)
+    handoff: str = "ok"
+    task: asyncio.Future[None] | None = None  # a prefill leg running beside the decode's (SGLang)
 
 
 class PdMetrics:
@@ -97,6 +102,8 @@ class PdMetrics:
             outcome = "prefill_failed"
         elif pair.handoff == "failed":
             outcome = "handoff_failed"
+        elif pair.handoff == "finished":
+            outcome = "finished"
         else:
             outcome = "ok"
         self.requests.labels(model, prefill, decode, outcome).inc()

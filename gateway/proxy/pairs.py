@@ -20,26 +20,38 @@ The prefill leg's rules:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from backends.base import ClientRequest, Endpoint, Runtime
-from backends.disaggregation import vllm_decode_body, vllm_handoff, vllm_prefill_body
+from backends.disaggregation import (
+    Handoff,
+    sglang_bodies,
+    sglang_room,
+    trtllm_context_body,
+    trtllm_generation_body,
+    trtllm_handoff,
+    vllm_decode_body,
+    vllm_handoff,
+    vllm_prefill_body,
+)
 from backends.ranks import pinned
 
 from ..client import UpstreamPool, UpstreamResponse
 from ..errors import BackendError, BackendOverloaded, BackendProtocolError, GatewayError
 from ..observability.pd import PairRecord, PdMetrics
-from ..pd_settings import DECODE_ROLES, Disaggregation
+from ..pd_settings import DECODE_ROLES, Disaggregation, bootstrap_port
 from ..rank_settings import unit_backend
 from ..routing import BackendView, Decision, RouteRequest, RoutingState
 from ..routing.disaggregation import PairPlan, plan, prefill_again
 from ..settings import Timeouts
 from ..state.pool import Pool
 from .accounting import Accounting
-from .attempts import map_client_errors
+from .attempts import Opened, map_client_errors
 from .deadlines import Deadlines
 from .exchange import Exchange, new_request_id
 from .request import ParsedRequest
@@ -48,7 +60,7 @@ from .routes import RouteState
 log = logging.getLogger(__name__)
 
 SPLITTABLE: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
-PROTOCOLS: Final = frozenset({Runtime.VLLM})
+PROTOCOLS: Final = frozenset({Runtime.VLLM, Runtime.SGLANG, Runtime.TRTLLM})
 
 
 class Refused(BackendError):
@@ -74,14 +86,22 @@ class Pairs:
         self._rng = rng
 
     def applies(self, route: RouteState, ex: Exchange) -> Disaggregation | None:
+        """The request's P/D spec: its A/B arm's, else its route's; None when it is served whole."""
         spec = route.config.disaggregation
+        split = route.config.split
+        if split is not None and ex.arm is not None:
+            arm = next((a for a in split.arms if a.name == ex.arm), None)
+            if arm is not None and arm.disaggregation is not None:
+                spec = arm.disaggregation
         if spec is None or ex.endpoint not in SPLITTABLE or ex.bridged:
             return None
         return spec
 
-    async def prepare(self, route: RouteState, ex: Exchange, spec: Disaggregation, candidates: list[str]) -> list[str]:
+    async def prepare(self, route: RouteState, ex: Exchange, spec: Disaggregation,
+                      candidates: list[str]) -> list[str] | Opened:
         """The candidates of the request's answering attempt (the decode leg), after its prefill leg
-        when it is split. Raises nothing of its own: a failed prefill falls back to the decode."""
+        when it is split; or the answer itself, when trtllm's context leg already finished it.
+        Raises nothing of its own: a failed prefill falls back to the decode."""
         pool = self._pool
         names = pool.expand(candidates)
         roles: dict[str, str] = {n: pool[n].config.role for n in names}
@@ -92,7 +112,7 @@ class Pairs:
         if chosen is None:
             return decode_pool  # no healthy decode: the attempts say why
         decode_backend = next(v.backend for v in snapshot.backends if v.name == chosen.decode.backend)
-        runtime = pool[decode_backend].runtime
+        runtime = Runtime(pool[decode_backend].runtime)
         split = chosen.split and runtime in PROTOCOLS
         if self._metrics is not None:
             reason = chosen.reason if runtime in PROTOCOLS else "unsupported_runtime"
@@ -101,17 +121,68 @@ class Pairs:
         if not split:
             return decode_pool
         record = ex.pair = PairRecord(chosen.reason)
-        params = await self._prefill(route, ex, spec, chosen, roles, decode_backend, record)
         parsed = ex.parsed
         assert parsed is not None
         request = parsed.request
-        body = vllm_decode_body(request.body, params)
+        if runtime is Runtime.SGLANG:  # both legs at once: the prefill's runs beside the attempts
+            body = self._sglang(route, ex, chosen, record)
+        else:
+            params = await self._prefill(route, ex, spec, chosen, roles, decode_backend, record, runtime)
+            if isinstance(params, Opened):
+                return params
+            body = vllm_decode_body(request.body, params) if runtime is Runtime.VLLM else \
+                trtllm_generation_body(request.body, params)
         ex.parsed = ParsedRequest(parsed.model, ClientRequest(request.endpoint, body, request.stream,
                                                               request.include_usage, request.created))
         return [decode_backend]
 
+    def _sglang(self, route: RouteState, ex: Exchange, chosen: PairPlan, record: PairRecord) -> dict[str, Any]:
+        """Start the prefill leg (drained in a task, `settle` ends it); the decode leg's body."""
+        assert chosen.prefill is not None
+        assert ex.parsed is not None
+        unit = chosen.prefill.backend
+        view = next(v for v in self._pool.snapshot([unit_backend(unit)]).backends if v.name == unit)
+        config = self._pool[view.backend].config
+        wide = config.data_parallel_size > 1
+        room = sglang_room(self._rng.getrandbits(63), view.rank if wide else None, config.data_parallel_size)
+        prefill, decode = sglang_bodies(ex.parsed.request.body, host=config.url.host or "", port=bootstrap_port(config),
+                                        room=room, prefill_rank=view.rank if wide else None)
+        record.task = asyncio.ensure_future(self._drain(route.config.model, ex, view, prefill, record))
+        return decode
+
+    async def _drain(self, model: str, ex: Exchange, view: BackendView, body: dict[str, Any],
+                     record: PairRecord) -> None:
+        started = self._clock()
+        try:
+            await self._leg(ex, view, body)  # drained: only the decode's answer reaches the client
+        except (BackendError, GatewayError) as failure:
+            record.handoff = "prefill_failed"
+            if self._metrics is not None:
+                self._metrics.leg(model, "prefill", view.backend, type(failure).__name__)
+            return
+        ended = self._clock()
+        record.prefill, record.prefill_s, record.prefill_ended_at = view.backend, ended - started, ended
+        if self._metrics is not None:
+            self._metrics.leg(model, "prefill", view.backend, "ok", ended - started)
+
+    async def settle(self, ex: Exchange) -> None:
+        """The request is answered: a prefill leg still running (SGLang's) may finish (it normally
+        has: the decode needed its KV), up to the first-token timeout when the decode served, else
+        it is cancelled; then its figures are in `ex.pair` for accounting."""
+        record = ex.pair
+        task = record.task if record is not None else None
+        if task is None:
+            return
+        if not task.done() and ex.status == "200":
+            await asyncio.wait([task], timeout=self._timeouts.first_token_s)
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
     async def _prefill(self, route: RouteState, ex: Exchange, spec: Disaggregation, chosen: PairPlan,
-                       roles: dict[str, str], decode_backend: str, record: PairRecord) -> dict[str, object] | None:
+                       roles: dict[str, str], decode_backend: str, record: PairRecord,
+                       runtime: Runtime) -> dict[str, Any] | Opened | None:
         """Leg 1 until one answers (then its params, None when it had none), or None with
         `record.handoff = "prefill_failed"` when none did."""
         decision: Decision | None = chosen.prefill
@@ -123,7 +194,10 @@ class Pairs:
             tried.add(view.backend)
             started = self._clock()
             try:
-                answer = await self._leg(ex, view)
+                assert ex.parsed is not None
+                client = ex.parsed.request.body
+                leg = vllm_prefill_body(client) if runtime is Runtime.VLLM else trtllm_context_body(client)
+                answer, resp = await self._leg(ex, view, leg)
             except (BackendError, GatewayError) as failure:
                 kind = type(failure).__name__
                 log.info("request %s: prefill leg on %s failed: %s", ex.request_id, view.backend, kind)
@@ -138,7 +212,16 @@ class Pairs:
                 continue
             ended = self._clock()
             record.prefill, record.prefill_s, record.prefill_ended_at = view.backend, ended - started, ended
-            handoff, params = vllm_handoff(answer)
+            handoff: Handoff
+            if runtime is Runtime.VLLM:
+                handoff, params = vllm_handoff(answer)
+            else:
+                handoff, params, finished = trtllm_handoff(answer)
+                if finished and not ex.parsed.request.stream:  # the context leg's answer is the whole answer
+                    record.handoff = "finished"
+                    if self._metrics is not None:
+                        self._metrics.leg(model, "prefill", view.backend, "finished", ended - started)
+                    return self._answered(ex, view, resp, answer)
             usable = handoff == "ok" or (spec.handoff == "storage" and handoff == "null")
             if self._metrics is not None:
                 self._metrics.leg(model, "prefill", view.backend, "ok" if usable else "no_params", ended - started)
@@ -150,14 +233,24 @@ class Pairs:
         record.handoff = "prefill_failed"
         return None
 
-    async def _leg(self, ex: Exchange, view: BackendView) -> bytes:
+    def _answered(self, ex: Exchange, view: BackendView, resp: UpstreamResponse, answer: bytes) -> Opened:
+        """A finished context answer as the request's response, from the context server."""
+        state = self._pool[view.backend]
+        state.in_flight += 1  # `Opened.release` ends it, as for any response
+        if view.rank is not None:
+            state.rank_in_flight[view.rank] += 1
+        ex.last, ex.rank, ex.engine_worked = state, view.rank, True
+        ex.tried.add(view.backend)
+        return Opened(state, resp, answer, state.adapter, view.rank)
+
+    async def _leg(self, ex: Exchange, view: BackendView, leg_body: dict[str, Any]) -> tuple[bytes, UpstreamResponse]:
         """Send leg 1 to the unit `view` and read its whole answer; BackendError when it failed."""
         state = self._pool[view.backend]
         rank = view.rank
         parsed = ex.parsed
         assert parsed is not None
         request = parsed.request
-        leg_request = ClientRequest(request.endpoint, vllm_prefill_body(request.body), False, False, request.created)
+        leg_request = ClientRequest(request.endpoint, leg_body, False, False, request.created)
         upstream_id = new_request_id()
         upstream = state.adapter.build_request(leg_request, model=state.config.model, request_id=upstream_id)
         pin = state.pin
@@ -201,4 +294,5 @@ class Pairs:
             leg.end(status=status)
         self._routing.completed(ticket, cached_tokens=None, prompt_tokens=None, itl_s=None)
         self._accounting.judge(self._pool, state, ok=True)
-        return body
+        assert resp is not None
+        return body, resp

@@ -34,7 +34,7 @@ from ..state.pool import Pool
 from ..state.splits import LiveSplit, Splits
 from ..tokenize import PromptTokenizer
 from .accounting import Accounting
-from .attempts import Attempts, no_healthy_backend
+from .attempts import Attempts, Opened, no_healthy_backend
 from .capable import Capabilities
 from .deadlines import Deadlines
 from .exchange import Exchange
@@ -102,7 +102,7 @@ class Proxy:
         }
         self.routing = routing if routing is not None else RoutingState()
         # a disaggregated route's prefill is chosen by prefix affinity
-        self._hash_prompts = any(r.policy in PREFIX_POLICIES or r.disaggregation is not None for r in settings.routes)
+        self._hash_prompts = any(r.policy in PREFIX_POLICIES or r.disaggregates for r in settings.routes)
         deadlines = Deadlines(asyncio.get_running_loop())  # built inside the loop it serves
         self._attempts = Attempts(
             pool, upstream, self.routing, recorder, accounting, deadlines, timeouts=settings.timeouts,
@@ -176,21 +176,30 @@ class Proxy:
         route = self._routes[ex.model]
         candidates = self._candidates(route, ex, headers)
         spec = self._pairs.applies(route, ex)
+        answered: Opened | None = None
         if spec is not None:  # prefill/decode disaggregation: maybe a prefill leg first
-            candidates = await self._pairs.prepare(route, ex, spec, candidates)
-        opened = await self._attempts.open(route, ex, candidates)
-        try:
-            self.shadows.maybe(route, ex)
-            if ex.parsed.request.stream:
-                await self._relay.stream(sink, opened, ex)
+            prepared = await self._pairs.prepare(route, ex, spec, candidates)
+            if isinstance(prepared, Opened):
+                answered = prepared  # a trtllm context leg that finished the request
             else:
-                self._relay.body(sink, opened, ex)
-            if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
-                    self.capabilities.of(opened.state.name, route.config):
-                self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
+                candidates = prepared
+        try:
+            opened = answered if answered is not None else await self._attempts.open(route, ex, candidates)
+            try:
+                self.shadows.maybe(route, ex)
+                if ex.parsed.request.stream:
+                    await self._relay.stream(sink, opened, ex)
+                else:
+                    self._relay.body(sink, opened, ex)
+                if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
+                        self.capabilities.of(opened.state.name, route.config):
+                    self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
+            finally:
+                opened.resp.close()
+                opened.release()
         finally:
-            opened.resp.close()
-            opened.release()
+            if ex.pair is not None:  # a prefill leg beside the decode's (SGLang) ends with the request
+                await self._pairs.settle(ex)
 
     def _candidates(self, route: RouteState, ex: Exchange, headers: Mapping[str, str]) -> list[str]:
         """The backends this request may use: the route's, or its A/B arm's (chosen once)."""

@@ -174,7 +174,7 @@ class StatsBook:
                                                else self._group("arm", a.name, list(arm_backends), route=r.model))
         self.arms = arms
         priced = set(self.prices)
-        disaggregated = {r.model for r in settings.routes if r.disaggregation is not None}
+        disaggregated = {r.model for r in settings.routes if r.disaggregates}
         self.pairs = {k: g for k, g in self.pairs.items() if k[0] in disaggregated and set(g.backends) <= priced}
         self.pair_legs = {k: g for k, g in self.pair_legs.items() if k in self.pairs}
         self.topologies = {k: g for k, g in self.topologies.items() if k[0] in disaggregated}

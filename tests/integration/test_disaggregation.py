@@ -182,3 +182,83 @@ def test_the_comparison_shows_pairs_their_legs_and_the_topologies(emulators: Emu
     assert row["ttft_s"]["p50"] >= row["prefill_s"]["p50"]  # the true TTFT includes the prefill leg
     assert served(p) == 2
     assert served(d) == 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglang_sends_both_legs_at_once_and_answers_from_the_decode(emulators: Emulators, gateway: Gateway,
+                                                                    stream: bool) -> None:
+    p = emulators.start("sglang", data_parallel_size=2, disagg=DisaggConfig(role="prefill", bootstrap_port=0))
+    d = emulators.start("sglang", disagg=DisaggConfig(role="decode"))
+    assert p.bootstrap_port is not None
+    backends = [backend_entry("sp", p, "sglang", role="prefill", bootstrap_port=p.bootstrap_port,
+                              data_parallel_size=2),
+                backend_entry("sd", d, "sglang", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    client = gw.client()
+    if stream:
+        chunks = list(client.chat.completions.create(model="moe", messages=LONG, max_tokens=4, stream=True,
+                                                     stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+    else:
+        usage = client.chat.completions.create(model="moe", messages=LONG, max_tokens=4).usage
+    assert usage is not None
+    assert usage.completion_tokens == 4
+    eventually(lambda: served(p) == 1 and served(d) == 1)
+    assert gw.metric("gateway_requests_total", backend="sd", status="200") == 1  # once, as the decode's
+    assert gw.metric("gateway_requests_total", backend="sp") == 0
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="sp", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="sp", decode="sd", outcome="ok") == 1
+    assert sum(p.served_by_rank()) == 1  # one rank of the wide prefill served its leg, where the room said
+    assert p.ctx.stats.kv_produced == 1
+    assert d.ctx.stats.kv_pulled == 1  # the rendezvous met: the decode computed no prefill of its own
+    assert d.ctx.stats.pd_failed == 0
+
+
+def test_trtllm_context_then_generation(emulators: Emulators, gateway: Gateway) -> None:
+    c = emulators.start("trtllm", disagg=DisaggConfig(role="prefill"))
+    g = emulators.start("trtllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("ctx", c, "trtllm", role="prefill"), backend_entry("gen", g, "trtllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    reply = gw.client().chat.completions.create(model="moe", messages=LONG, max_tokens=4)
+    assert reply.choices[0].message.content
+    eventually(lambda: served(c) == 1 and served(g) == 1)
+    assert gw.metric("gateway_requests_total", backend="gen", status="200") == 1
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="ctx", outcome="ok") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="ctx", decode="gen", outcome="ok") == 1
+    assert c.ctx.stats.kv_produced == 1
+    assert g.ctx.stats.kv_pulled == 1
+
+
+def test_ab_arms_as_topologies_compare_aggregated_with_pd(emulators: Emulators, gateway: Gateway) -> None:
+    """A split route whose arms are an aggregated pool and a P/D pool of one model: each session
+    sticks to its arm, the P/D arm's requests are split, and the comparison has both arms."""
+    a0, a1 = emulators.start("vllm"), emulators.start("vllm")
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    d = emulators.start("vllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("a0", a0, "vllm"), backend_entry("a1", a1, "vllm"),
+                backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", d, "vllm", role="decode")]
+    arms = [{"name": "aggregated", "weight": 1, "backends": ["a0", "a1"], "disaggregation": {"when": "never"}},
+            {"name": "pd", "weight": 1, "backends": ["p0", "d0"], "disaggregation": {"when": "always"}}]
+    gw = gateway(backends, routes=[{"model": "moe", "policy": "least_load", "split": {"arms": arms}}])
+    client = gw.client()
+    for i in range(12):
+        assert client.chat.completions.create(model="moe", messages=LONG, max_tokens=2,
+                                              user=f"session-{i}").choices[0].message.content
+    split = gw.metric("gateway_pd_decisions_total", decision="split")
+    whole = gw.metric("gateway_pd_decisions_total", decision="whole", reason="never")
+    assert split + whole == 12
+    assert split >= 1  # both arms got sessions
+    assert whole >= 1
+    assert served(p) == split
+    assert served(d) == split
+    assert served(a0) + served(a1) == whole
+
+    def document() -> dict[str, Any]:
+        doc: dict[str, Any] = gw.get("/admin/compare?window=60").json()
+        return doc
+
+    doc = wait_for(document, lambda doc: sum(r["requests"] for r in doc["arms"]) == 12, what="the arms' rows")
+    assert {r["name"]: r["requests"] for r in doc["arms"]} == {"aggregated": whole, "pd": split}
+    assert {r["name"]: r["requests"] for r in doc["topologies"]} == {"split": split, "whole": whole}
+    [ab] = doc["ab"]
+    assert ab["route"] == "moe"

@@ -149,7 +149,14 @@ def test_the_demo_fleet_serves_the_whole_surface_and_tools_never_reach_triton(de
     tokenized = demo.post("/tokenize", json={"model": "deepseek-v3", "prompt": "Hello world"}).json()
     assert tokenized["count"] == len(tokenized["tokens"]) > 0
     models = {m.id: m for m in c.models.list()}
-    assert set(models) == {"deepseek-v3", "bge-m3"}
+    assert set(models) == {"deepseek-v3", "bge-m3", "deepseek-v3-pd"}
+    # the demo's P/D pair: a long prompt is split (prefill vllm-p0, decode vllm-d0), a short one is not
+    long = c.chat.completions.create(model="deepseek-v3-pd", messages=[{"role": "user", "content": "hi " * 800}],
+                                     max_tokens=4)
+    assert long.choices[0].message.content
+    assert c.chat.completions.create(model="deepseek-v3-pd", messages=WEATHER, max_tokens=4).choices[0].message.content
+    assert demo.metric("gateway_pd_requests_total", prefill="vllm-p0", decode="vllm-d0", outcome="ok") == 1
+    assert demo.metric("gateway_pd_decisions_total", decision="whole", reason="cached") == 1
 
 
 def test_no_capable_backend_is_a_400_that_blames_no_backend(emulators: Emulators, gateway: StartGateway) -> None:

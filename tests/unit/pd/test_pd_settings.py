@@ -110,3 +110,17 @@ def test_a_kubernetes_pool_may_hold_either_role() -> None:
     s = Settings.model_validate({"discovery": [entry], "routes": [{"model": "m", "backends": ["sgl"],
                                                                    "disaggregation": {"when": "always"}}]})
     assert s.routes[0].disaggregation is not None
+
+
+def test_ab_arms_may_be_topologies() -> None:
+    backends = [backend("agg0"), backend("agg1"), backend("p", "prefill"), backend("d", "decode")]
+    arms = [{"name": "aggregated", "weight": 1, "backends": ["agg0", "agg1"], "disaggregation": {"when": "never"}},
+            {"name": "pd", "weight": 1, "backends": ["p", "d"], "disaggregation": {"when": "always"}}]
+    s = parse_settings({"backends": backends, "routes": [{"model": "m", "split": {"arms": arms}}]})
+    route = s.routes[0]
+    assert route.disaggregates
+    assert route.split is not None
+    assert [a.disaggregation.when for a in route.split.arms if a.disaggregation] == ["never", "always"]
+    bad = [{**arms[0]}, {**arms[1], "disaggregation": None}]  # the pd arm without a section: its prefill is idle
+    with pytest.raises(ConfigError, match=r"routes\.0\.split\.arms\.1\.backends: \['p'\] have `role: prefill`"):
+        parse_settings({"backends": backends, "routes": [{"model": "m", "split": {"arms": bad}}]})
