@@ -5,6 +5,8 @@ the adapters' unit tests (`tests/unit/backends/captures.py`) and replayed agains
 (`tests/emulator/test_vllm_captures.py`).
 `vllm-0.32.0-cpu-pd/`: a real prefill/decode pair's legs (two vLLM 0.32.0 servers sharing KV through
 ExampleConnector's files), recorded by scripts/real_vllm/record_pd.py (provenance in its README.md).
+Read by `tests/unit/pd/test_vllm_pd_captures.py`, replayed against two emulators
+(`tests/emulator/test_vllm_pd_captures.py`).
 `emulator/`: more real vLLM 0.32 transcripts (Responses, tool calls, embeddings) and KV-event encodings,
 recorded for the emulator's newer surfaces (provenance in its README.md).
 """
