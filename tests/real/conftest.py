@@ -9,7 +9,13 @@ Env knobs:
   IGW_CACHE                 where the vLLM venv and the model live
   IGW_VLLM_EXTRA_ARGS       extra vLLM flags (default "--enforce-eager": skips torch.compile, which
                             halves startup on 2 cores; set to "" for the exact reference-capture flags)
-  IGW_VLLM_STARTUP_TIMEOUT  seconds to wait for vLLM's /health (default 300)
+  IGW_VLLM_STARTUP_TIMEOUT  seconds to wait for vLLM's /health (default 600)
+
+The P/D pair (`pd_pair`, tests/real/pd.py: two more vLLM servers sharing KV through ExampleConnector)
+and the session's vLLM are launched together (`*_launched`: started, not waited for) when the collected
+tests use both, whichever is asked for first; each fixture then waits for its own servers. Three
+servers booting at once took 270 s to the last /health on the loaded 2-core machine, against 237 s
+(the pair) + 176 s (the session server) one after the other.
 """
 
 from __future__ import annotations
@@ -40,6 +46,15 @@ from .harness import (
     vllm_argv,
     vllm_env,
 )
+from .pd import PdPair
+
+
+def vllm_extra_args() -> list[str]:
+    return shlex.split(os.environ.get("IGW_VLLM_EXTRA_ARGS", "--enforce-eager"))
+
+
+def _session_uses(request: pytest.FixtureRequest, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
 
 
 @pytest.fixture(scope="session")
@@ -57,23 +72,53 @@ def otlp() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv: KvEndpoints, otlp: Receiver,
-                ) -> Iterator[ServerProcess]:
+def vllm_server_launched(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                         vllm_kv: KvEndpoints, otlp: Receiver) -> Iterator[ServerProcess]:
+    """The session's vLLM, started (not yet ready), and the P/D pair beside it when the session uses it."""
     ensure_vllm_env()
     workdir = tmp_path_factory.mktemp("vllm")
     port = free_port()
-    extra = shlex.split(os.environ.get("IGW_VLLM_EXTRA_ARGS", "--enforce-eager"))
+    extra = vllm_extra_args()
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # the tool-calling tests
     traces = ["--otlp-traces-endpoint", otlp.grpc_endpoint]  # its spans join the gateway's traces
     argv = vllm_argv(port, *vllm_kv.vllm_flag(), *tools, *traces, *extra)
     env = {**vllm_env(), "OTEL_SERVICE_NAME": "vllm", "OTEL_BSP_SCHEDULE_DELAY": "200"}  # (default: 5 s)
     server = ServerProcess.start("vLLM", argv, port=port, log_path=workdir / "vllm.log", env=env, cwd=workdir)
     try:
-        waited = server.wait_until_ok("/health", VLLM_STARTUP_TIMEOUT_S)
-        print(f"[real] vLLM ready on {server.url} after {waited:.1f} s", file=sys.stderr)
+        if _session_uses(request, "pd_pair"):
+            request.getfixturevalue("pd_pair_launched")  # boots beside this one
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_server_launched: ServerProcess) -> ServerProcess:
+    waited = vllm_server_launched.wait_until_ok("/health", VLLM_STARTUP_TIMEOUT_S)
+    print(f"[real] vLLM ready on {vllm_server_launched.url} after {waited:.1f} s", file=sys.stderr)
+    return vllm_server_launched
+
+
+@pytest.fixture(scope="session")
+def pd_pair_launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdPair]:
+    """The P/D pair's two servers, started (not yet ready); stopped by pid at the session's end."""
+    ensure_vllm_env()
+    pair = PdPair.launch(tmp_path_factory.mktemp("pd"), *vllm_extra_args())
+    try:
+        yield pair
+    finally:
+        pair.stop()
+
+
+@pytest.fixture(scope="session")
+def pd_pair(request: pytest.FixtureRequest) -> PdPair:
+    """A prefill and a decode vLLM sharing KV through ExampleConnector files (tests/real/pd.py), ready.
+    The session's vLLM is launched first when the session uses it, so the three boot together."""
+    if _session_uses(request, "vllm_server"):
+        request.getfixturevalue("vllm_server_launched")
+    pair: PdPair = request.getfixturevalue("pd_pair_launched")
+    pair.wait_ready(VLLM_STARTUP_TIMEOUT_S)
+    return pair
 
 
 @pytest.fixture(scope="session")

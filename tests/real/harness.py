@@ -32,7 +32,9 @@ BACKEND_NAME = "vllm-real"
 MAX_MODEL_LEN = 2048
 KV_BLOCK_SIZE = 128  # vLLM's block size on CPU
 
-VLLM_STARTUP_TIMEOUT_S = float(os.environ.get("IGW_VLLM_STARTUP_TIMEOUT", "300"))
+# Three servers boot at once when the P/D tests run (tests/real/conftest.py): 270 s to the last
+# /health on the 2-core machine under a load of 14 (one alone: 30-180 s).
+VLLM_STARTUP_TIMEOUT_S = float(os.environ.get("IGW_VLLM_STARTUP_TIMEOUT", "600"))
 GATEWAY_STARTUP_TIMEOUT_S = 60.0
 SETUP_TIMEOUT_S = 480.0  # cold: ~110 s (pip ~100 s, model ~5 s)
 POLL_INTERVAL_S = 0.5
