@@ -20,6 +20,8 @@ COMMANDS = {
     "instructions": ("bench.instructions", "instructions per request under callgrind (gateway vs the lean relay): "
                      "json, 20 events in one write, per extra one-event-per-write chunk"),
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
+    "scale": ("bench.scale", "10k idle streams (memory per stream), loop lag at 2,000 active streams, "
+                             "--workers 2 vs 1; beside vllm-router"),
     "replicas": ("bench.replicas", "Redis + 3 replicas x 2 workers: shared budget, weight propagation, placement, "
                                    "scaling, store overhead"),
 }
