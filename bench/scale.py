@@ -235,40 +235,48 @@ Step = Callable[[str], None]
 
 
 def idle(plan: Plan, name: str, tmp: Path, nofile: int, step: Step, done: Callable[[], None]) -> dict[str, Any]:
-    drip = PyServer(f"drip-idle-{name}", "bench.drip_sse", ["--gap-ms", str(IDLE_GAP_MS)], tmp)
+    """Each level in a fresh proxy (and upstream): a proxy that keeps a stream whose client has gone
+    until the upstream next writes (vllm-router does) would carry one level's streams into the next."""
     body = _body(tmp, "idle", 64)
-    proxy = None
-    try:
-        proxy = _start(name, drip.url, tmp, body.read_bytes())
-        time.sleep(1.0)
-        fds = fd_count(proxy.pid)
-        n = min(plan.streams, scale_stats.max_streams(nofile, fds))
-        before, _ = _plateau(proxy.pid, timeout_s=5)
-        levels: list[dict[str, Any]] = []
-        for frac in plan.idle_levels:
+    levels: list[dict[str, Any]] = []
+    command, fds, n = "", 0, plan.streams
+    for frac in plan.idle_levels:
+        drip = PyServer(f"drip-idle-{name}", "bench.drip_sse", ["--gap-ms", str(IDLE_GAP_MS)], tmp)
+        proxy = None
+        try:
+            proxy = _start(name, drip.url, tmp, body.read_bytes())
+            command = proxy.command
+            time.sleep(1.0)
+            fds = fd_count(proxy.pid)
+            n = min(plan.streams, scale_stats.max_streams(nofile, fds))
             k = max(1, round(n * frac))
             step(f"idle {name}: {k:,} streams")
+            before, _ = _plateau(proxy.pid, timeout_s=5)
             tcp0 = tcp_mem_pages()
             client = Client(proxy.url, body, k, k / plan.idle_ramp_per_s, tmp / f"hold-idle-{name}-{k}.log")
             try:
                 ready = client.ready()
                 rss, samples = _plateau(proxy.pid)
-                level: dict[str, Any] = {"streams": k, "rss_bytes": rss, "samples": samples, "ready": ready,
-                         "fds": fd_count(proxy.pid), "tcp_mem_kib": (tcp_mem_pages() - tcp0) * procs.PAGE / 1024}
+                level: dict[str, Any] = {
+                    "streams": k, "before_bytes": before, "rss_bytes": rss, "samples": samples, "ready": ready,
+                    "fds": fd_count(proxy.pid), "tcp_mem_kib": (tcp_mem_pages() - tcp0) * procs.PAGE / 1024}
                 level["result"] = client.stop()
             finally:
                 client.kill()
+            t0 = time.monotonic()
+            _wait_closed(proxy.pid, fds, timeout_s=10)
+            left = fd_count(proxy.pid) - fds
+            level["released_s"] = time.monotonic() - t0 if left <= scale_stats.FD_MARGIN else None
+            level["fds_left_after_reset"] = left
             levels.append(level)
-            _wait_closed(proxy.pid, fds)
-            done()
-        opened = [(lv["ready"]["first"], lv["rss_bytes"]) for lv in levels if lv["ready"]["first"]]
-        return {"target": name, "command": proxy.command, "nofile": nofile, "fds_before": fds, "streams_max": n,
-                "rss_before_bytes": before, "levels": levels, "after_bytes": procs.rss_bytes(proxy.pid),
-                **scale_stats.kib_per_stream(opened, before)}
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        drip.stop()
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            drip.stop()
+        done()
+    opened = [(lv["ready"]["first"], lv["rss_bytes"] - lv["before_bytes"]) for lv in levels if lv["ready"]["first"]]
+    return {"target": name, "command": command, "nofile": nofile, "fds_before": fds, "streams_max": n,
+            "levels": levels, **scale_stats.kib_per_stream(opened, 0)}
 
 
 def _scrape(url: str) -> str:
@@ -395,6 +403,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 res["idle"].append(idle(plan, name, tmp, nofile, step, done))
             except RuntimeError as exc:
                 res["notes"].append(f"idle {name}: {exc}")
+            (tmp / "partial.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
         for rate in plan.active_rates if "active" in plan.sections else ():
             for name in names:
                 try:
@@ -402,6 +411,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 except RuntimeError as exc:
                     res["notes"].append(f"active {name} at {rate:g}/s: {exc}")
                 done()
+            (tmp / "partial.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
         if "workers" in plan.sections:
             res["workers"] = workers_section(plan, tmp, names, step, done)
     res["meta"]["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]

@@ -57,14 +57,17 @@ def summary(res: dict[str, Any]) -> list[str]:
 
 def idle_table(res: dict[str, Any]) -> list[str]:
     lines = ["| target | streams open | RSS MiB | RSS before MiB | (RSS - before) / streams KiB | descriptors | "
-             "kernel TCP buffers KiB (machine) |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "kernel TCP buffers KiB (machine) | sockets released after the clients reset |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in res.get("idle", []):
-        before = r["rss_before_bytes"]
         for lv in r["levels"]:
-            first = lv["ready"]["first"]
+            first, before = lv["ready"]["first"], lv["before_bytes"]
+            released = lv.get("released_s")
+            gone = (f"within {released:.1f} s" if released is not None
+                    else f"**no**: {lv.get('fds_left_after_reset', 0):,} descriptors still open after 10 s")
             lines.append(f"| {r['target']} | {first:,} of {lv['streams']:,} | {lv['rss_bytes'] / 2**20:.1f} | "
                          f"{before / 2**20:.1f} | {(lv['rss_bytes'] - before) / 1024 / max(first, 1):.2f} | "
-                         f"{lv['fds']:,} | {lv['tcp_mem_kib']:,.0f} |")
+                         f"{lv['fds']:,} | {lv['tcp_mem_kib']:,.0f} | {gone} |")
     return lines
 
 
@@ -122,9 +125,11 @@ def markdown(res: dict[str, Any]) -> str:
         "## idle", "",
         f"Streams opened at {plan['idle_ramp_per_s']:g}/s by `bench/hold_streams.py` (a bare asyncio client) "
         "through the target to `bench/drip_sse.py`, which sends the role event and then nothing for an hour. "
-        "RSS sampled every 0.5 s until it settled (the last 4 samples within 1%). *KiB per stream* is the "
-        "least-squares slope of RSS over the levels and the RSS before any stream; the per-level average is "
-        "beside it. How socket memory is excluded: RSS counts user-space pages only, and the kernel's socket "
+        "Each level in a fresh proxy and upstream; RSS sampled every 0.5 s until it settled (the last 4 samples "
+        "within 1%). *KiB per stream* is the least-squares slope of (RSS - RSS before the level's first stream) "
+        "over the levels and the origin; the per-level average is beside it. The last column: whether the proxy "
+        "closed the streams' sockets (its own and the upstream's) once the clients reset theirs. "
+        "How socket memory is excluded: RSS counts user-space pages only, and the kernel's socket "
         "structures and buffers (struct sock, skbs, receive and send queues) are slab memory that no process's "
         "RSS counts; the kernel's TCP buffer pages of the whole machine (`/proc/net/sockstat`, every socket of "
         "client, proxy and upstream) are in the last column. What *is* counted: the proxy's user-space objects "
@@ -168,9 +173,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
     ax = axes[0]
     for r in res.get("idle", []):
         xs = [0] + [lv["ready"]["first"] for lv in r["levels"]]
-        ys = [r["rss_before_bytes"] / 2**20] + [lv["rss_bytes"] / 2**20 for lv in r["levels"]]
+        ys = [0.0] + [(lv["rss_bytes"] - lv["before_bytes"]) / 2**20 for lv in r["levels"]]
         ax.plot(xs, ys, marker="o", label=f"{r['target']} ({_f(r.get('slope_kib'))} KiB/stream)")
-    ax.set(title="idle: RSS against open streams", xlabel="streams open", ylabel="RSS (MiB)")
+    ax.set(title="idle: RSS growth against open streams", xlabel="streams open", ylabel="RSS - before (MiB)")
     ax.legend(fontsize=8)
     ax = axes[1]
     for target in ("gateway", "vllm-router"):
