@@ -31,7 +31,7 @@ from typing import Any, cast
 import orjson
 import uvloop
 
-from bench.loadgen import pct
+from bench.loadgen import pct, ramp
 
 _DATA = b"data:"
 _DONE = b"data: [DONE]"
@@ -178,13 +178,7 @@ async def run(url: str, body: bytes, n: int, ramp_s: float, first_timeout_s: flo
 
     reporter = loop.create_task(progress())
     start = loop.time()
-    pending = []
-    for i in range(n):
-        delay = start + i * ramp_s / n - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        pending.append(loop.create_task(one()))
-    await asyncio.gather(*pending)
+    await ramp(n, ramp_s, one)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(hold.all_heard.wait(), first_timeout_s)
     print(orjson.dumps({"ready": hold.totals() | {"ramp_elapsed_s": loop.time() - start}}).decode(), flush=True)
