@@ -87,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=float, help="active: seconds measured per rate (default 40)")
     parser.add_argument("--runs", type=int, help="workers: wrk runs per worker count (default 5)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the results of the parts --only leaves out from OUT/scale.json")
     parser.add_argument("--report-only", action="store_true", help="re-render scale.md and .png from scale.json")
 
 
@@ -279,10 +281,13 @@ def idle(plan: Plan, name: str, tmp: Path, nofile: int, step: Step, done: Callab
             "levels": levels, **scale_stats.kib_per_stream(opened, 0)}
 
 
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
-        text: str = resp.read().decode()
-        return text
+def _lag_buckets(url: str) -> scale_stats.Buckets | None:
+    """The gateway's lag histogram now; None when /metrics did not answer in 30 s (a saturated loop)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+            return scale_stats.histogram(resp.read().decode(), LAG)
+    except OSError:  # URLError and socket timeouts are OSErrors
+        return None
 
 
 def active(plan: Plan, name: str, rate: float, tmp: Path, step: Step) -> dict[str, Any]:
@@ -300,20 +305,21 @@ def active(plan: Plan, name: str, rate: float, tmp: Path, step: Step) -> dict[st
             ready = client.ready()
             time.sleep(plan.active_settle_s)
             gateway = name == "gateway"
-            lag0 = scale_stats.histogram(_scrape(proxy.url), LAG) if gateway else {}
+            lag0 = _lag_buckets(proxy.url) if gateway else {}
             cpu0, up0, cl0 = procs.group_cpu_seconds(proxy.pid), procs.group_cpu_seconds(drip.pid), \
                 procs.cpu_seconds(client.proc.pid)
             busy0, t0 = procs.machine_busy_seconds(), time.monotonic()
             client.mark()
             time.sleep(plan.active_window_s)
-            lag1 = scale_stats.histogram(_scrape(proxy.url), LAG) if gateway else {}
+            lag1 = _lag_buckets(proxy.url) if gateway else {}
             cpu, up = procs.group_cpu_seconds(proxy.pid) - cpu0, procs.group_cpu_seconds(drip.pid) - up0
             client_s = procs.cpu_seconds(client.proc.pid) - cl0
             busy, wall = procs.machine_busy_seconds() - busy0, time.monotonic() - t0
             result = client.stop()
         finally:
             client.kill()
-        lag = scale_stats.delta(lag0, lag1)
+        lag = scale_stats.delta(lag0, lag1) if lag0 is not None and lag1 is not None else {}
+        scraped = not gateway or bool(lag)
         return {"target": name, "rate": rate, "streams": plan.active_streams, "ready": ready, "result": result,
                 "cpu_cores": cpu / wall, "upstream_cores": up / wall, "client_cores": client_s / wall,
                 "others_cores": scale_stats.others_cpu(busy, cpu + up + client_s, wall),
@@ -321,7 +327,8 @@ def active(plan: Plan, name: str, rate: float, tmp: Path, step: Step) -> dict[st
                 "expected_events_per_s": rate * plan.active_streams, "nominal_gap_ms": gap_ms,
                 "lag_buckets": {str(k): v for k, v in lag.items()},
                 "lag_p50_ms": _ms(scale_stats.quantile(0.5, lag)), "lag_p99_ms": _ms(scale_stats.quantile(0.99, lag)),
-                "lag_within_10ms": scale_stats.share_at_most(0.01, lag), "lag_samples": lag.get(math.inf)}
+                "lag_within_10ms": scale_stats.share_at_most(0.01, lag), "lag_samples": lag.get(math.inf),
+                "metrics_answered": scraped}
     finally:
         if proxy is not None:
             proxy.stop()
@@ -408,12 +415,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             for name in names:
                 try:
                     res["active"].append(active(plan, name, rate, tmp, step))
-                except RuntimeError as exc:
+                except (RuntimeError, OSError) as exc:
                     res["notes"].append(f"active {name} at {rate:g}/s: {exc}")
                 done()
             (tmp / "partial.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
         if "workers" in plan.sections:
-            res["workers"] = workers_section(plan, tmp, names, step, done)
+            try:
+                res["workers"] = workers_section(plan, tmp, names, step, done)
+            except (RuntimeError, OSError) as exc:
+                res["notes"].append(f"workers: {exc}")
+    if args.keep and (out / "scale.json").exists():
+        kept = orjson.loads((out / "scale.json").read_bytes())
+        for section in SECTIONS:
+            if section not in plan.sections and kept.get(section):
+                res[section] = kept[section]
+                res["notes"].append(f"{section}: kept from an earlier run ({kept['meta']['date']}, "
+                                    f"`{kept['meta']['command']}`)")
     res["meta"]["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     res["meta"]["machine_cores_busy"] = (procs.machine_busy_seconds() - busy0) / (time.monotonic() - t0)
     res["meta"]["wall_s"] = time.monotonic() - t0

@@ -39,10 +39,12 @@ def summary(res: dict[str, Any]) -> list[str]:
     for row in _by(res.get("active", []), "gateway"):
         vr_row = next((r for r in _by(res["active"], "vllm-router") if r["rate"] == row["rate"]), None)
         p99 = row.get("lag_p99_ms")
+        answered = row.get("metrics_answered", True)
+        shown = f"{_f(p99)} ms" if answered else "/metrics did not answer in 30 s"
         lines.append(f"| active: event-loop lag p99 at {row['streams']:,} streams x {row['rate']:g} events/s "
-                     f"(others {row['others_cores']:.2f} cores) | {_f(p99)} ms | no such metric"
+                     f"(others {row['others_cores']:.2f} cores) | {shown} | no such metric"
                      f"{'' if vr_row is None else ' (tokio)'} | < {TARGET_LAG_MS:g} ms | "
-                     f"{_verdict(p99 < TARGET_LAG_MS if p99 is not None else None)} |")
+                     f"{_verdict(p99 < TARGET_LAG_MS if p99 is not None else None if answered else False)} |")
     wk = res.get("workers") or {}
     ratio = wk.get("ratio")
     if wk.get("rows"):
