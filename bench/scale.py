@@ -29,22 +29,21 @@ Results: bench/results/scale.md, .json, .png.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import math
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import chat_bodies, hold_streams, peers, procs, run_info, scale_report, scale_stats, workers
+from bench.cli import progress_steps
 from bench.procs import Gateway, PyServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -364,13 +363,6 @@ def workers_section(plan: Plan, tmp: Path, names: list[str], step: Step,
     return out
 
 
-@contextlib.contextmanager
-def _progress() -> Iterator[Progress]:
-    with Progress(TextColumn("{task.description:<52}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn()) as progress:
-        yield progress
-
-
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     out: Path = args.out
     if args.report_only:
@@ -396,15 +388,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
              + len(plan.active_rates) * len(names) * ("active" in plan.sections)
              + plan.workers_runs * (len(names) + 1) * ("workers" in plan.sections))
     busy0, t0 = procs.machine_busy_seconds(), time.monotonic()
-    with _progress() as progress:
-        task = progress.add_task("scale", total=total)
-
-        def step(text: str) -> None:
-            progress.update(task, description=text)
-
-        def done() -> None:
-            progress.advance(task)
-
+    with progress_steps(total) as (step, done):
         for name in names if "idle" in plan.sections else []:
             try:
                 res["idle"].append(idle(plan, name, tmp, nofile, step, done))
