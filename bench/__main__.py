@@ -24,6 +24,8 @@ COMMANDS = {
     "workers": ("bench.workers", "gateway serve --workers N scaling against nginx (wrk -c64)"),
     "pd": ("bench.pd", "prefill/decode disaggregation vs an aggregated pool of the same size (and when: auto) on "
                        "emulated vLLM: TTFT p50/p99 and output tokens/s, long and short prompts"),
+    "scale": ("bench.scale", "10k idle streams (memory per stream), loop lag at 2,000 active streams, "
+                             "--workers 2 vs 1; beside vllm-router"),
     "replicas": ("bench.replicas", "Redis + 3 replicas x 2 workers: shared budget, weight propagation, placement, "
                                    "scaling, store overhead"),
 }

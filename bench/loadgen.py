@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,19 @@ def pct(values: list[float], q: float) -> float | None:
 def _session(limit: int = 0) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, force_close=False),
                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+
+
+async def ramp(n: int, ramp_s: float, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Start `start()` n times evenly over `ramp_s` seconds, each as a task; returns when all have ended."""
+    loop = asyncio.get_running_loop()
+    begin = loop.time()
+    tasks = []
+    for i in range(n):
+        delay = begin + i * ramp_s / n - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(loop.create_task(start()))
+    await asyncio.gather(*tasks)
 
 
 async def openloop(url: str, body: bytes, rate: float, duration_s: float) -> dict[str, Any]:
@@ -150,13 +164,7 @@ async def streams(url: str, body: bytes, n: int, ramp_s: float, timeout_s: float
     async with _session() as session:
         reporter = asyncio.create_task(report())
         start = loop.time()
-        tasks = []
-        for i in range(n):
-            delay = start + i * ramp_s / n - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(session)))
-        await asyncio.gather(*tasks)
+        await ramp(n, ramp_s, lambda: one(session))
         reporter.cancel()
     return {"n": n, "ok": state["ok"], "max_open": state["max_open"], "events": state["events"],
             "errors": dict(errors), "elapsed_s": loop.time() - start}

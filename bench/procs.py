@@ -252,15 +252,17 @@ class Gateway:
     copy of the gateway's packages, when given)."""
 
     def __init__(self, name: str, upstream_url: str, tmp: Path, *, sources: Path | None = None,
-                 tracing: dict[str, Any] | None = None) -> None:
+                 tracing: dict[str, Any] | None = None, workers: int = 1) -> None:
         self.name = name
         config = tmp / f"{name}.yaml"
         config.write_text(yaml.safe_dump(gateway_config(upstream_url) | ({"tracing": tracing} if tracing else {})))
         self.config_path = config
         self.proc = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(config),
-                                "--log-level", "WARNING"], log=tmp / f"{name}.log", stdout_pipe=True,
+                                "--log-level", "WARNING", *(["--workers", str(workers)] if workers > 1 else [])],
+                         log=tmp / f"{name}.log", stdout_pipe=True,
                          cwd=sources or ROOT, env={"PYTHONPATH": str(sources)} if sources else None)
-        self.url = self.proc.read_line("gateway listening on ").split()[-1]
+        # `gateway listening on URL`, or with --workers `gateway listening on URL (N workers)`
+        self.url = self.proc.read_line("gateway listening on ").split()[3]
 
     @property
     def pid(self) -> int:

@@ -1,31 +1,33 @@
 """`gateway serve --workers N` scaling: non-streaming wrk load through 1..N SO_REUSEPORT workers.
 
-Same upstream as `bench overhead` (nginx serving a canned vLLM response), wrk -c64, median of
-repeated runs per worker count; the ratio to one worker is what to read on a shared machine.
+Same upstream and request as `bench overhead`'s a (nginx serving a canned vLLM response, issue 13's
+1.2 KB chat body), wrk -t1 -c64, median of repeated runs per worker count; the ratio to one worker is
+what to read on a shared machine, beside how busy the rest of it was (`others_cores`). `bench scale`
+runs the same measurement (`scaling`) as its workers section.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-import signal
 import subprocess
-import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import median
+from typing import Any
 
-import yaml
+import orjson
 from rich.progress import Progress
 
-from .procs import Nginx, free_port, gateway_config
+from bench import chat_bodies, procs, wrk
+from bench.procs import Gateway, Nginx
+from bench.scale_stats import others_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-POST = 'wrk.method="POST"\nwrk.headers["Content-Type"]="application/json"\n' \
-       'wrk.body=\'{"model":"moe","messages":[{"role":"user","content":"hi"}],"max_tokens":8}\'\n'
+WARMUP_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,56 +37,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(RESULTS / "workers.md"))
 
 
-def _wrk(url: str, script: Path, duration_s: float) -> float:
-    out = subprocess.run(["wrk", "-t1", "-c64", f"-d{duration_s:g}s", "-s", str(script), url],
-                         capture_output=True, text=True, check=True).stdout
-    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if match is None or "Non-2xx" in out:
-        raise RuntimeError(f"wrk run failed or saw errors:\n{out}")
-    return float(match.group(1))
+def wrk_runs(url: str, pgid: int, upstream: Nginx, tmp: Path, *, runs: int, duration_s: float,
+             advance: Callable[[], None]) -> dict[str, Any]:
+    """A warm-up, then `runs` wrk runs against `url`: req/s of each, and the cores the rest of the
+    machine used meanwhile (everything but the target's process group, nginx and wrk)."""
+    body = tmp / "chat.json"
+    body.write_bytes(orjson.dumps(chat_bodies.chat()))
+    script = wrk.write_script(tmp)
+    target = url + "/v1/chat/completions"
+    wrk.run(target, body, script, connections=64, duration_s=WARMUP_S)
+    rps, others, errors = [], [], 0
+    for _ in range(runs):
+        cpu0, up0, busy0, t0 = procs.group_cpu_seconds(pgid), upstream.cpu_seconds(), \
+            procs.machine_busy_seconds(), time.monotonic()
+        r = wrk.run(target, body, script, connections=64, duration_s=duration_s)
+        ours = procs.group_cpu_seconds(pgid) - cpu0 + upstream.cpu_seconds() - up0 + r.wrk_cpu_s
+        others.append(others_cpu(procs.machine_busy_seconds() - busy0, ours, time.monotonic() - t0))
+        rps.append(r.rps)
+        errors += r.errors
+        advance()
+    return {"rps": rps, "median_rps": median(rps), "others_cores": others, "errors": errors}
+
+
+def scaling(counts: Sequence[int], tmp: Path, *, runs: int, duration_s: float,
+            advance: Callable[[], None]) -> list[dict[str, Any]]:
+    """One gateway per worker count in `counts`, each measured by `wrk_runs`, in front of one nginx."""
+    nginx = Nginx(tmp)
+    rows = []
+    try:
+        for workers in counts:
+            gw = Gateway(f"gateway-{workers}w", nginx.json_url, tmp, workers=workers)
+            try:
+                rows.append({"workers": workers, **wrk_runs(gw.url, gw.pid, nginx, tmp, runs=runs,
+                                                            duration_s=duration_s, advance=advance)})
+            finally:
+                gw.stop()
+    finally:
+        nginx.stop()
+    return rows
 
 
 def run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="workers-"))
-    script = tmp / "post.lua"
-    script.write_text(POST)
-    nginx = Nginx(tmp)
-    rows: list[tuple[int, float, list[float]]] = []
-    try:
-        with Progress() as progress:
-            task = progress.add_task("workers scaling", total=args.max_workers * args.runs)
-            for workers in range(1, args.max_workers + 1):
-                cfg = gateway_config(nginx.json_url)
-                cfg["listen"]["port"] = free_port()
-                path = tmp / f"gateway-{workers}.yaml"
-                path.write_text(yaml.safe_dump(cfg))
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--workers", str(workers),
-                     "--log-level", "WARNING"], stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
-                )
-                try:
-                    assert proc.stdout is not None
-                    url = proc.stdout.readline().split()[3] + "/v1/chat/completions"
-                    samples = []
-                    for _ in range(args.runs):
-                        samples.append(_wrk(url, script, args.duration))
-                        progress.advance(task)
-                    rows.append((workers, median(samples), samples))
-                finally:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(30)
-    finally:
-        nginx.stop()
-    base = rows[0][1]
+    counts = list(range(1, args.max_workers + 1))
+    with Progress() as progress:
+        task = progress.add_task("workers scaling", total=len(counts) * args.runs)
+        rows = scaling(counts, tmp, runs=args.runs, duration_s=args.duration,
+                       advance=lambda: progress.advance(task))
+    base = rows[0]["median_rps"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     lines = [
         "# `gateway serve --workers N` scaling", "",
         f"- command: `python -m bench workers {' '.join(argv[1:])}`".rstrip(),
         f"- commit `{commit.strip()}`, {os.cpu_count()} cores shared with nginx and wrk; wrk -t1 -c64, "
-        f"{args.runs} x {args.duration:g} s per point, medians", "",
-        "| workers | req/s (median) | runs | vs 1 worker |", "|---:|---:|---|---:|",
+        f"{args.runs} x {args.duration:g} s per point, medians; others: cores the rest of the machine used", "",
+        "| workers | req/s (median) | runs | vs 1 worker | others (cores) |", "|---:|---:|---|---:|---|",
     ]
-    lines += [f"| {w} | {m:,.0f} | {', '.join(f'{s:,.0f}' for s in ss)} | {m / base:.2f}x |" for w, m, ss in rows]
+    lines += [f"| {r['workers']} | {r['median_rps']:,.0f} | {', '.join(f'{s:,.0f}' for s in r['rps'])} | "
+              f"{r['median_rps'] / base:.2f}x | {', '.join(f'{o:.2f}' for o in r['others_cores'])} |" for r in rows]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
