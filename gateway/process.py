@@ -159,6 +159,9 @@ async def _start_worker(
     print(f"gateway listening on {running.url}", flush=True)
     if running.metrics_url is not None:
         print(f"metrics on {running.metrics_url}", flush=True)
+    if running.picker_port is not None and settings.endpoint_picker is not None:
+        print(f"endpoint picker (Envoy ext_proc, gRPC) on {settings.endpoint_picker.listen.host}:{running.picker_port}",
+              flush=True)
     return running
 
 
