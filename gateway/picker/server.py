@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import grpc
@@ -41,11 +41,20 @@ class PickerServer:
         self._watch: asyncio.Task[None] | None = None
         self.port = 0
 
-    async def process(self, requests: AsyncIterator[pb.ProcessingRequest],
-                      context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-                      ) -> AsyncIterator[pb.ProcessingResponse]:
-        async for answer in Conversation(self._picking, max_body_bytes=self._max_body).run(requests):
-            yield answer
+    async def process(self, _requests: object,
+                      context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse]) -> None:
+        """One stream, read and written through `context` (no async generator per stream or per
+        message; grpc.aio's own cost per message dominates anyway: bench/results/overhead-envoy.md)."""
+        conversation = Conversation(self._picking, max_body_bytes=self._max_body)
+        try:
+            while not conversation.done:
+                message: object = await context.read()  # (the stubs leave out EOF)
+                if not isinstance(message, pb.ProcessingRequest):  # grpc.aio.EOF: Envoy closed its side
+                    return
+                for answer in await conversation.handle(message):
+                    await context.write(answer)
+        finally:
+            conversation.close()
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Listen on host:port (0: any free port); returns the port. Without `reuse_port` the port is

@@ -14,7 +14,6 @@ chunk) while `Picked` reads them. The request is recorded when the stream ends, 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Final
 
 from ..errors import GatewayError, InvalidRequest
@@ -50,18 +49,12 @@ class Conversation:
         self.picked: Picked | None = None
         self.done = False  # an immediate response was sent: nothing more to say
 
-    async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
-        try:
-            async for message in requests:
-                async for answer in self.handle(message):
-                    yield answer
-                if self.done:
-                    return
-        finally:
-            if self.picked is not None:
-                self.picked.close()
+    def close(self) -> None:
+        """The stream is over, however it ended: the request is recorded (once)."""
+        if self.picked is not None:
+            self.picked.close()
 
-    async def handle(self, message: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
+    async def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         """The answers to one message (none, one, or two: FULL_DUPLEX_STREAMED's headers and body)."""
         if message.HasField("protocol_config"):
             config = message.protocol_config
@@ -72,47 +65,42 @@ class Conversation:
             self._headers = wire.header_dict(message.request_headers.headers)
             self._subset = wire.subset_hint(message)
             if message.request_headers.end_of_stream:
-                async for answer in self._route(headers_only=True):
-                    yield answer
-            elif self._request_mode != wire.FULL_DUPLEX_STREAMED:
-                yield wire.continue_request_headers()
+                return await self._route(headers_only=True)
+            if self._request_mode != wire.FULL_DUPLEX_STREAMED:
+                return [wire.continue_request_headers()]
         elif kind == "request_body":
             chunk = message.request_body
             if self.picked is None:
                 self._body += chunk.body
                 if len(self._body) > self._max_body:
                     self.done = True
-                    yield error_response(BodyTooLarge(f"The request body is over {self._max_body} bytes."))
-                    return
+                    return [error_response(BodyTooLarge(f"The request body is over {self._max_body} bytes."))]
                 if chunk.end_of_stream:
-                    async for answer in self._route(headers_only=False):
-                        yield answer
+                    return await self._route(headers_only=False)
             elif self._request_mode == wire.FULL_DUPLEX_STREAMED:  # (not expected: the body ended)
-                yield wire.streamed_request_body(b"", end=chunk.end_of_stream)
+                return [wire.streamed_request_body(b"", end=chunk.end_of_stream)]
             else:
-                yield pb.ProcessingResponse(request_body=pb.BodyResponse())
+                return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         elif kind == "request_trailers":
-            if self.picked is None:  # the body ended with trailers, not with end_of_stream
-                async for answer in self._route(headers_only=False, trailers=True):
-                    yield answer
-            if not self.done:
-                yield wire.trailers(response=False)
+            answers = [] if self.picked is not None else await self._route(headers_only=False, trailers=True)
+            return answers if self.done else [*answers, wire.trailers(response=False)]
         elif kind == "response_headers":
             head = message.response_headers
             added = self.picked.response_headers(wire.header_dict(head.headers), end=head.end_of_stream) \
                 if self.picked is not None else {}
-            yield wire.response_headers(added)
+            return [wire.response_headers(added)]
         elif kind == "response_body":
             chunk = message.response_body
             if self.picked is not None:
                 self.picked.response_body(chunk.body, end=chunk.end_of_stream)
-            yield wire.response_body(chunk.body, end=chunk.end_of_stream, streamed=self._response_streamed)
+            return [wire.response_body(chunk.body, end=chunk.end_of_stream, streamed=self._response_streamed)]
         elif kind == "response_trailers":
             if self.picked is not None:
                 self.picked.response_end()
-            yield wire.trailers(response=True)
+            return [wire.trailers(response=True)]
+        return []
 
-    async def _route(self, *, headers_only: bool, trailers: bool = False) -> AsyncIterator[pb.ProcessingResponse]:
+    async def _route(self, *, headers_only: bool, trailers: bool = False) -> list[pb.ProcessingResponse]:
         body = bytes(self._body)
         self._body = bytearray()
         try:
@@ -121,13 +109,13 @@ class Conversation:
             picked = self.picked = await self._picking.route(self._headers, body, self._subset)
         except GatewayError as exc:
             self.done = True
-            yield error_response(exc)
-            return
+            return [error_response(exc)]
         log.debug("request %s -> %s (%s)", picked.ex.request_id, picked.state.name, picked.endpoint)
         duplex = self._request_mode == wire.FULL_DUPLEX_STREAMED
         if headers_only or duplex:
-            yield wire.routed_headers(picked.endpoint, picked.headers, picked.remove, picked.body)
+            answers = [wire.routed_headers(picked.endpoint, picked.headers, picked.remove, picked.body)]
             if duplex and not headers_only:
-                yield wire.streamed_request_body(picked.body if picked.body is not None else body, end=not trailers)
-        else:
-            yield wire.routed_body(picked.endpoint, picked.headers, picked.remove, picked.body)
+                answers.append(wire.streamed_request_body(picked.body if picked.body is not None else body,
+                                                          end=not trailers))
+            return answers
+        return [wire.routed_body(picked.endpoint, picked.headers, picked.remove, picked.body)]
