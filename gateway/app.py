@@ -47,6 +47,8 @@ from .observability.metrics import Recorder
 from .observability.pd import PdMetrics
 from .observability.process import SelfHealth
 from .observability.ranks import RankMetrics
+from .picker.exchange import Picking
+from .picker.server import PickerServer
 from .proxy.accounting import Accounting
 from .proxy.dispatch import Dispatcher
 from .proxy.service import Proxy, proxy_of
@@ -125,6 +127,7 @@ class Built:
     coordinator: Coordinator  # what admin writes and SIGHUP go through (one process, or every worker)
     registry: CollectorRegistry
     stats: StatsBook
+    picking: Picking  # the Endpoint Picker's entry (served when `endpoint_picker` is configured)
 
 
 async def build(
@@ -250,6 +253,7 @@ async def build(
     generations.install(first)
     reloader = Reloader(generations, build_generation, config_path, activate=activate)
     dispatcher = Dispatcher(generations, guard, accounting, clock=clock, tracing=tracer)
+    picking = Picking(generations, guard, accounting, clock=clock)  # Envoy's requests: the same accounting
 
     app = web.Application(
         middlewares=[_marked(error_middleware), _marked(guard.middleware)],
@@ -310,7 +314,7 @@ async def build(
 
     app.cleanup_ctx.append(lifetime)
     return Built(app, metrics_app, dispatcher, generations, reloader, health, upstream, guard, membership,
-                 coordinator, registry, stats)
+                 coordinator, registry, stats, picking)
 
 
 def _raise_open_file_limit() -> None:
@@ -341,12 +345,16 @@ class Running:
     server: GatewayServer  # aiohttp's connections: every request the native front does not serve
     runners: list[web.AppRunner] = field(default_factory=list)
     front: Front | None = None
+    picker: PickerServer | None = None  # the Endpoint Picker's gRPC server, when configured
+    picker_port: int | None = None
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stop listening, let running requests finish (up to the drain timeout), then clean up."""
         self.listener.close()
         self.server.pre_shutdown()  # idle aiohttp connections close; running requests finish
         drains = [self.server.shutdown(drain_timeout_s)]
+        if self.picker is not None:
+            drains.append(self.picker.stop(drain_timeout_s))
         if self.front is not None:
             drains.append(self.front.shutdown(drain_timeout_s))
         await asyncio.gather(*drains)
@@ -392,4 +400,10 @@ async def start(
         await web.TCPSite(metrics_runner, host, settings.listen.metrics_port, reuse_port=reuse).start()
         running.metrics_url = f"http://{host}:{metrics_runner.addresses[0][1]}/metrics"
         running.runners.append(metrics_runner)
+    picker = settings.endpoint_picker
+    if picker is not None:
+        generations = built.generations
+        running.picker = PickerServer(built.picking, lambda: bool(generations.current.pool.healthy_names()),
+                                      max_body_bytes=limits.max_body_bytes)
+        running.picker_port = await running.picker.start(picker.listen.host, picker.listen.port, reuse_port=reuse_port)
     return running

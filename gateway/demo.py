@@ -61,11 +61,13 @@ Backends and their load:  {url}/admin/backends   Prometheus: {url}/metrics
 """
 
 
-async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED) -> Demo:
+async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED, base_port: int | None = None) -> Demo:
+    """`base_port`: the fleet on fixed ports (`DEMO_BASE_PORT`: config/demo.yaml's, which
+    deploy/envoy/envoy.yaml's pool names), else on free ones."""
     pd_fleet = [dataclasses.replace(s, disagg=dataclasses.replace(s.disagg, bootstrap_port=0))
                 if s.disagg is not None and s.disagg.bootstrap_port else s for s in DEMO_PD_FLEET]
     specs = [*DEMO_FLEET, *DEMO_WIDE_FLEET, *DEMO_EMBEDDING_FLEET, *pd_fleet]
-    emulators = await start_fleet(specs, speed=speed, host=host)
+    emulators = await start_fleet(specs, speed=speed, host=host, base_port=base_port)
     backends = []
     for spec, emu in zip(specs, emulators, strict=True):
         entry: dict[str, object] = {

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import build_check
 from .admin.reload import Reloads
 from .app import Running, start
-from .settings import ConfigError, Settings
+from .settings import ConfigError, EndpointPicker, PickerListen, Settings
 from .state.reload import ReloadRejected
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class _Signals:
 async def serve(
     settings: Settings | None, *, host: str | None, port: int | None, workers: int = 1, reuse_port: bool = False,
     config_path: str | None = None, hub: str | None = None, worker_slot: int = 0, config_text: str | None = None,
+    picker_port: int | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; the exit status. `hub` (with `worker_slot`): this is a worker of
     the supervisor listening there (it serves the supervisor's committed generation, not a file, and
@@ -73,10 +74,16 @@ async def serve(
         return await _serve_worker(host=host, port=port, reuse_port=reuse_port, hub=hub, worker_slot=worker_slot)
     demo = None
     if settings is None:
+        from backends.emulator.fleet import DEMO_BASE_PORT
+
         from .demo import start_demo
 
-        demo = await start_demo(host=host or "127.0.0.1")
+        # behind Envoy, the fleet is where deploy/envoy/envoy.yaml's pool expects it
+        demo = await start_demo(host=host or "127.0.0.1", base_port=DEMO_BASE_PORT if picker_port is not None else None)
         settings = demo.settings
+    if picker_port is not None:  # `serve --picker-port`: the Endpoint Picker too, on the listen host
+        picker = EndpointPicker(listen=PickerListen(host=host or settings.listen.host, port=picker_port))
+        settings = settings.model_copy(update={"endpoint_picker": picker})
     host = host or settings.listen.host
     port = settings.listen.port if port is None else port
     try:
@@ -159,6 +166,9 @@ async def _start_worker(
     print(f"gateway listening on {running.url}", flush=True)
     if running.metrics_url is not None:
         print(f"metrics on {running.metrics_url}", flush=True)
+    if running.picker_port is not None and settings.endpoint_picker is not None:
+        print(f"endpoint picker (Envoy ext_proc, gRPC) on {settings.endpoint_picker.listen.host}:{running.picker_port}",
+              flush=True)
     return running
 
 

@@ -50,6 +50,18 @@ class Listen(_Strict):
     access_log: bool = False
 
 
+class PickerListen(_Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 9002  # GIE's conventional Endpoint Picker port
+
+
+class EndpointPicker(_Strict):
+    """The gateway as an Endpoint Picker for Envoy (Envoy's ext_proc over gRPC; `gateway.picker`),
+    beside the HTTP front, which keeps serving generation requests, `/metrics` and the admin API."""
+
+    listen: PickerListen = PickerListen()
+
+
 class KvEvents(_Strict):
     """Where a backend's engine publishes its KV-cache events (see docs/kv-events.md).
 
@@ -373,6 +385,7 @@ class Settings(_Strict):
     auth: Auth = Auth()
     state: State | None = None
     tracing: Tracing | None = None
+    endpoint_picker: EndpointPicker | None = None
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Settings:

@@ -1,7 +1,7 @@
 """Hooks for every tier: with `CI` set, a skipped test fails the run (`tests/ci.py`).
 
 Warnings are errors (pyproject.toml). One exception, for the tiers whose gateway runs as a separate
-process (integration, conformance, fuzz, discovery, replicas, Prometheus, browser, real): there the
+process (integration, conformance, fuzz, discovery, replicas, Prometheus, browser, real, envoy): there the
 test process holds only test doubles and clients (emulators on a loop thread, raw sockets), and a
 socket of theirs that the garbage collector finds unclosed would fail whichever test happens to be
 running when it collects, in any tier, later. So in those tiers `ResourceWarning` is ignored, and each
@@ -31,7 +31,7 @@ __all__ = ["pytest_collection_modifyitems", "pytest_collectreport", "pytest_conf
            "pytest_sessionfinish", "pytest_terminal_summary", "sweep_test_doubles"]
 
 OUT_OF_PROCESS = frozenset({"integration", "conformance", "fuzz", "discovery", "replicas", "prometheus",
-                            "browser", "real"})
+                            "browser", "real", "envoy"})
 TESTS = Path(__file__).parent
 # Under pytest-xdist (`make test` runs `--dist loadscope`) a module runs whole on one worker (its
 # module-scoped servers start once); these tiers run whole on one worker each, because their

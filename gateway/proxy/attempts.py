@@ -170,7 +170,7 @@ class Attempts:
         candidates = self._pool.expand(candidates)
         attempts = 0
         while True:
-            state = self._decide(route, ex, candidates, count=not shadow)
+            state = self.decide(route, ex, candidates, count=not shadow)
             attempts += 1
             try:
                 return await self._attempt(state, ex)
@@ -181,7 +181,10 @@ class Attempts:
                 if not shadow:
                     self._recorder.retry(state.name, state.runtime, type(exc).__name__)
 
-    def _decide(self, route: RouteState, ex: Exchange, candidates: list[str], *, count: bool) -> BackendState:
+    def decide(self, route: RouteState, ex: Exchange, candidates: list[str], *, count: bool = True) -> BackendState:
+        """One routing decision among `candidates` (backend names, expanded): the chosen backend, its
+        routing ticket opened on `ex`; raises the 503 (or the SLA's 429) the client gets. The
+        Endpoint Picker decides here too, and Envoy sends the request (`gateway.picker`)."""
         trace = ex.trace
         if trace is not None:
             trace.routing()

@@ -23,7 +23,7 @@ from .deadlines import Deadlines
 from .exchange import Exchange
 from .responses_sse import ResponsesSseRelay
 from .sink import ResponseSink
-from .sse import SseFramingError, SseRelay, StreamRelay
+from .sse import SseFramingError, SseRelay, StreamRelay, StreamStats
 
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
 # error types a backend uses for the client's mistakes: an error event of these is not the backend failing
@@ -58,6 +58,34 @@ def _response_id(body: bytes) -> str | None:
         return None
     rid = obj.get("id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, str) else None
+
+
+def ex_stream_relay(ex: Exchange, backend_model: str) -> StreamRelay:
+    """The relay that measures (and rewrites) a request's stream; its stats become `ex.stream`."""
+    parsed = ex.parsed
+    assert parsed is not None
+    relay: StreamRelay
+    if ex.endpoint is Endpoint.RESPONSES:
+        relay = ResponsesSseRelay(backend_model=backend_model, client_model=parsed.model)
+    else:
+        relay = SseRelay(backend_model=backend_model, client_model=parsed.model,
+                         include_usage=parsed.request.include_usage)
+    ex.stream = relay.stats
+    return relay
+
+
+def stream_ended(ex: Exchange, stats: StreamStats) -> bool:
+    """The verdict on a stream the backend finished sending: an error event is the backend failing
+    (unless it is about the client's request); False when it ended before `[DONE]` (the caller
+    decides what that is: a broken stream)."""
+    if stats.error is not None:
+        ex.status = "stream_error"
+        ex.verdict = None if stats.error.type in _CLIENT_ERROR_TYPES else False
+        return True
+    if not stats.done:
+        return False
+    ex.verdict = True
+    return True
 
 
 class Piped:
@@ -112,13 +140,7 @@ class Relay:
             sink = ex.trace.observe(sink)
         translator = opened.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
         backend_model = parsed.model if translator is not None else state.config.model
-        relay: StreamRelay
-        if ex.endpoint is Endpoint.RESPONSES:
-            relay = ResponsesSseRelay(backend_model=backend_model, client_model=parsed.model)
-        else:
-            relay = SseRelay(backend_model=backend_model, client_model=parsed.model,
-                             include_usage=parsed.request.include_usage)
-        ex.stream = relay.stats
+        relay = ex_stream_relay(ex, backend_model)
 
         clock = self._clock
         ex.status = "200"
@@ -137,13 +159,8 @@ class Relay:
                 tail += relay.close(clock())
                 if tail:
                     await sink.write(tail)
-                if relay.stats.error is not None:
-                    ex.status = "stream_error"
-                    ex.verdict = None if relay.stats.error.type in _CLIENT_ERROR_TYPES else False
-                elif not relay.stats.done:
+                if not stream_ended(ex, relay.stats):
                     raise BackendProtocolError(state.name, "stream ended before [DONE]")
-                else:
-                    ex.verdict = True
                 if isinstance(relay, ResponsesSseRelay):
                     ex.response_id = relay.response_id
             except BackendTimeout:  # the gateway's total deadline, not the backend failing

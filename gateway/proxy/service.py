@@ -30,7 +30,7 @@ from ..routing.registry import PREFIX_POLICIES, policy_for
 from ..routing.response_owners import ResponseOwners
 from ..settings import Settings
 from ..state.generations import Generation
-from ..state.pool import Pool
+from ..state.pool import BackendState, Pool
 from ..state.splits import LiveSplit, Splits
 from ..tokenize import PromptTokenizer
 from .accounting import Accounting
@@ -201,6 +201,34 @@ class Proxy:
         finally:
             if ex.pair is not None:  # a prefill leg beside the decode's (SGLang) ends with the request
                 await self._pairs.settle(ex)
+
+    def pick(self, ex: Exchange, headers: Mapping[str, str], allowed: Callable[[BackendState], bool]) -> BackendState:
+        """Route a parsed request without sending it (the Endpoint Picker: Envoy sends it): the route's
+        policy and A/B arm choose among the candidates that `allowed` keeps, as `serve` would; the
+        chosen backend counts the request in flight until `release` (raises 503 when none is kept)."""
+        assert ex.parsed is not None
+        ex.pool = self.pool
+        route = self._routes[ex.model]
+        candidates = self.pool.expand(self._candidates(route, ex, headers))
+        kept = [n for n in candidates if allowed(self.pool[n])]
+        if not kept:
+            raise no_healthy_backend(self.pool, f"No backend of model `{ex.model}` is in the requested subset",
+                                     candidates, self._clock(), retry_after_s=1)
+        state = self._attempts.decide(route, ex, kept)
+        state.in_flight += 1
+        if ex.rank is not None:
+            state.rank_in_flight[ex.rank] += 1
+        ex.sent_at = self._clock()
+        return state
+
+    @staticmethod
+    def release(ex: Exchange) -> None:
+        """A picked request is over: it no longer counts in its backend's (and rank's) in-flight requests."""
+        state = ex.last
+        if state is not None:
+            state.in_flight -= 1
+            if ex.rank is not None:
+                state.rank_in_flight[ex.rank] -= 1
 
     def _candidates(self, route: RouteState, ex: Exchange, headers: Mapping[str, str]) -> list[str]:
         """The backends this request may use: the route's, or its A/B arm's (chosen once)."""

@@ -78,7 +78,7 @@ def restart_required(old: Settings, new: Settings) -> list[str]:
     return [k for k in RESTART_KEYS if getattr(old, k) != getattr(new, k)]
 
 
-RESTART_KEYS = ("listen", "limits", "state", "tracing")
+RESTART_KEYS = ("listen", "limits", "state", "tracing", "endpoint_picker")
 
 
 class ReloadRejected(Exception):

@@ -19,9 +19,10 @@ from .manifests import (
     kustomizations,
     of_kind,
     render,
-    render_text,
     selects,
+    split_custom,
     validate,
+    validate_custom,
 )
 
 GATEWAY = "inference-gateway"
@@ -65,14 +66,18 @@ def refusals(config: dict[str, Any]) -> list[str]:
 
 
 def test_the_expected_kustomizations_exist() -> None:
-    assert {"base", "overlays/redis", "overlays/prometheus", "overlays/discovery"} <= set(ALL)
+    assert {"base", "overlays/redis", "overlays/prometheus", "overlays/discovery",
+            "overlays/endpoint-picker"} <= set(ALL)
 
 
 @pytest.mark.parametrize("kustomization", ALL)
 def test_every_kustomization_renders_and_validates(kustomization: str) -> None:
-    verdict = validate(render_text(kustomization))
+    """Kubernetes' kinds by kubernetes-validate; a CRD's kinds (the InferencePool) by the vendored CRD."""
+    builtin, custom = split_custom(render(kustomization))
+    verdict = validate(yaml.safe_dump_all(builtin))
     assert verdict.ok, "\n".join(verdict.problems)
-    assert verdict.passed == len(render(kustomization)) > 0  # every resource checked against a schema
+    assert verdict.passed == len(builtin) > 0  # every resource checked against a schema
+    assert [problem for r in custom for problem in validate_custom(r)] == []
 
 
 def test_the_validator_fails_unknown_fields_and_kinds_without_a_schema() -> None:
@@ -103,7 +108,8 @@ def test_every_namespaced_resource_lands_in_the_gateway_namespace(kustomization:
 def test_the_gateway_is_probed_on_its_own_port(kustomization: str) -> None:
     container = gateway_container(render(kustomization))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": 8080}
+    picker = {"grpc-picker": 9002} if kustomization == "overlays/endpoint-picker" else {}  # its ext_proc port
+    assert ports == {"http": 8080, **picker}
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
@@ -138,7 +144,8 @@ def test_service_budget_and_autoscaler_point_at_the_gateway(kustomization: str) 
     labels = find(resources, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
     service = find(resources, "Service", GATEWAY)["spec"]
     assert selects(service["selector"], labels)
-    assert [p["targetPort"] for p in service["ports"]] == ["http"]
+    picker = {"grpc-picker"} if kustomization == "overlays/endpoint-picker" else set()
+    assert {p["targetPort"] for p in service["ports"]} == {"http", *picker}
     for other in of_kind(resources, "Deployment"):
         if other["metadata"]["name"] != GATEWAY:
             assert not selects(service["selector"], other["spec"]["template"]["metadata"]["labels"])
@@ -168,7 +175,8 @@ def test_the_config_map_holds_a_config_the_gateway_accepts(kustomization: str) -
     resources = render(kustomization)
     settings = parse_settings(gateway_config(resources), source=f"{kustomization}/gateway.yaml")
     assert settings.listen.host == "0.0.0.0"  # reachable through the Service
-    assert settings.listen.port == gateway_container(resources)["ports"][0]["containerPort"]
+    (http,) = [p for p in gateway_container(resources)["ports"] if p["name"] == "http"]
+    assert settings.listen.port == http["containerPort"]
 
 
 def test_the_redis_overlay_adds_shared_state_and_nothing_else() -> None:
@@ -222,3 +230,34 @@ def test_the_discovery_overlay_finds_every_backend_in_the_cluster_with_the_pods_
     overlay = gateway_config(resources)
     assert {k: v for k, v in overlay.items() if k not in ("discovery", "routes")} == {
         k: v for k, v in base.items() if k not in ("backends", "routes")}
+
+
+def test_the_inference_pool_schema_rejects_what_gie_rejects() -> None:
+    """The vendored schema can fail: a pool without targetPorts, a port out of range, an unknown failure mode."""
+    pool = find(render("overlays/endpoint-picker"), "InferencePool", "deepseek-v3")
+    assert validate_custom(pool) == []
+    for path, value in [(("spec", "targetPorts"), []), (("spec", "targetPorts"), [{"number": 70000}]),
+                        (("spec", "endpointPickerRef", "failureMode"), "Sometimes")]:
+        broken = yaml.safe_load(yaml.safe_dump(pool))
+        broken[path[0]][path[1]] = value if len(path) == 2 else {**broken[path[0]][path[1]], path[2]: value}
+        assert validate_custom(broken), path
+
+
+def test_the_inference_pool_is_the_gateways_discovery_and_its_picker_is_the_gateway() -> None:
+    resources = render("overlays/endpoint-picker")
+    pool = find(resources, "InferencePool", "deepseek-v3")["spec"]
+    config = gateway_config(resources)
+    assert refusals(config) == []
+    (entry,) = config["discovery"]
+    labels = dict(kv.split("=", 1) for kv in entry["kubernetes"]["label_selector"].split(","))
+    assert labels == pool["selector"]["matchLabels"]
+    assert [p["number"] for p in pool["targetPorts"]] == [entry["kubernetes"]["port"]]
+    ref = pool["endpointPickerRef"]
+    assert ref["kind"] == "Service"  # GIE's CEL rule: a Service reference names its port
+    service = find(resources, "Service", ref["name"])
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"]]
+    container = gateway_container(resources)
+    (named,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    assert named["containerPort"] == config["endpoint_picker"]["listen"]["port"]
+    assert config["endpoint_picker"]["listen"]["host"] == "0.0.0.0"
+    assert ref["failureMode"] in {"FailClose", "FailOpen"}

@@ -119,6 +119,14 @@ class GatewayProcess:
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
         # "gateway listening on URL" [+ " (N workers)"]
         self.url = line.split()[3].replace("://0.0.0.0:", "://127.0.0.1:")
+        self.picker_port: int | None = None  # the Endpoint Picker's port, when the config has one
+        if config is not None and config.get("endpoint_picker") is not None:
+            while not line.startswith("endpoint picker"):  # "endpoint picker (...) on HOST:PORT", after the URL
+                line = self.proc.stdout.readline()
+                if not line:
+                    self.stop()
+                    raise RuntimeError(f"gateway did not start its picker\n{self.log_path.read_text()}")
+            self.picker_port = int(line.rsplit(":", 1)[1])
         self._clients: list[openai.OpenAI] = []
 
     def client(self) -> openai.OpenAI:
