@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -21,6 +20,8 @@ import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.harness import wait_for
 
 from .harness import GATEWAY_STARTUP_TIMEOUT_S, ROOT, SERVED_MODEL, ServerProcess, free_port
 from .pd import PdPair, SourceCounts, loaded_tokens, nonce, source_counts
@@ -96,25 +97,16 @@ def total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels:
 
 def settled(url: str, before: SourceCounts, tokens: int) -> SourceCounts:
     """A server's prompt-token counters since `before`, once `tokens` prompt tokens are in them."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        delta = source_counts(url).minus(before)
-        if delta.local_compute + delta.local_cache_hit + delta.external_kv_transfer >= tokens:
-            return delta
-        if time.monotonic() > deadline:
-            return delta
-        time.sleep(0.1)
+    return wait_for(lambda: source_counts(url).minus(before),
+                    lambda d: d.local_compute + d.local_cache_hit + d.external_kv_transfer >= tokens,
+                    timeout=SETTLE_S, what=f"{tokens} prompt tokens in {url}'s counters")
 
 
 def after_request(gateway: ServerProcess, name: str, want: float, **labels: str,
                   ) -> list[tuple[str, dict[str, str], float]]:
     """The gateway's samples once `name{labels}` reached `want` (accounting records after the last byte)."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        samples = gateway_samples(gateway)
-        if total(samples, name, **labels) >= want or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.05)
+    return wait_for(lambda: gateway_samples(gateway), lambda samples: total(samples, name, **labels) >= want,
+                    timeout=SETTLE_S, what=f"{name}{labels} >= {want}")
 
 
 def test_non_streaming_through_the_pair_equals_direct(

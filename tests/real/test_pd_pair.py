@@ -9,13 +9,14 @@ by the files in the shared folder. Every prompt carries a nonce: the folder is k
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+
+from tests.integration.harness import wait_for
 
 from .harness import KV_BLOCK_SIZE, SERVED_MODEL, ServerProcess
 from .pd import HIT_LINE, INJECT_LINE, PdPair, SourceCounts, loaded_tokens, nonce, source_counts, stored_prompts
@@ -69,13 +70,9 @@ def prefill_leg(prefill: openai.OpenAI, messages: list[ChatCompletionMessagePara
 
 def delta_after(server: ServerProcess, before: SourceCounts, prompt_tokens: int) -> SourceCounts:
     """The server's prompt-token counters since `before`, once one request's prompt is in them."""
-    deadline = time.monotonic() + METRICS_SETTLE_S
-    while True:
-        delta = source_counts(server.url).minus(before)
-        seen = delta.local_compute + delta.local_cache_hit + delta.external_kv_transfer
-        if seen >= prompt_tokens or time.monotonic() > deadline:
-            return delta
-        time.sleep(0.1)
+    return wait_for(lambda: source_counts(server.url).minus(before),
+                    lambda d: d.local_compute + d.local_cache_hit + d.external_kv_transfer >= prompt_tokens,
+                    timeout=METRICS_SETTLE_S, what=f"{prompt_tokens} prompt tokens in {server.url}'s counters")
 
 
 def inject_counts(pair: PdPair, server: ServerProcess) -> list[int]:
