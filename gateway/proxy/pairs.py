@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from backends.base import ClientRequest, Endpoint, Runtime
@@ -164,6 +164,14 @@ class Pairs:
         record.prefill, record.prefill_s, record.prefill_ended_at = view.backend, ended - started, ended
         if self._metrics is not None:
             self._metrics.leg(model, "prefill", view.backend, "ok", ended - started)
+
+    async def around(self, ex: Exchange, answering: Awaitable[None]) -> None:
+        """`answering` (the decode leg and the client's response), then `settle`, however it ended.
+        Here, not in the compiled `service` module: mypyc mishandles an `await` in a `finally`."""
+        try:
+            await answering
+        finally:
+            await self.settle(ex)
 
     async def settle(self, ex: Exchange) -> None:
         """The request is answered: a prefill leg still running (SGLang's) may finish (it normally

@@ -144,6 +144,7 @@ class Relay:
 
         clock = self._clock
         ex.status = "200"
+        failed: bytes | None = None  # the error event that ends a failed stream, written after the handlers
         try:
             try:
                 # The response head leaves with the first events, in one write.
@@ -165,15 +166,17 @@ class Relay:
                     ex.response_id = relay.response_id
             except BackendTimeout:  # the gateway's total deadline, not the backend failing
                 ex.status = "stream_timeout"
-                await sink.write(relay.error_tail(ErrorBody(
+                failed = relay.error_tail(ErrorBody(
                     message=f"The request exceeded the gateway's total time limit ({self._timeouts.total_s:g} s).",
-                    type="server_error", code="timeout")))
+                    type="server_error", code="timeout"))
             except (BackendError, SseFramingError) as exc:
                 ex.status, ex.verdict = "stream_error", False
                 detail = exc.detail if isinstance(exc, BackendError) else str(exc)
-                await sink.write(relay.error_tail(ErrorBody(
+                failed = relay.error_tail(ErrorBody(
                     message=f"The backend failed mid-stream ({detail}).", type="server_error",
-                    code="upstream_stream_error")))
+                    code="upstream_stream_error"))
+            if failed is not None:  # (no `await` in an `except` of a compiled module: service.py says why)
+                await sink.write(failed)
             await sink.end()
         except ConnectionError:
             if relay.stats.done and ex.status == "200":  # a client may hang up right after [DONE]: served

@@ -184,23 +184,29 @@ class Proxy:
                 answered = prepared  # a trtllm context leg that finished the request
             else:
                 candidates = prepared
+        if ex.pair is None:
+            await self._answer(route, ex, candidates, answered, sink)
+        else:  # a prefill leg beside the decode's (SGLang) ends with the request (`Pairs.around`)
+            await self._pairs.around(ex, self._answer(route, ex, candidates, answered, sink))
+
+    async def _answer(self, route: RouteState, ex: Exchange, candidates: list[str], answered: Opened | None,
+                      sink: ResponseSink) -> None:
+        assert ex.parsed is not None
+        opened = answered if answered is not None else await self._attempts.open(route, ex, candidates)
+        # No `await` in a `finally` or `except` of a compiled module: mypyc (2.4) then leaves the
+        # exception set, and a later request of the connection raises it (tests/unit/test_native_rules.py).
         try:
-            opened = answered if answered is not None else await self._attempts.open(route, ex, candidates)
-            try:
-                self.shadows.maybe(route, ex)
-                if ex.parsed.request.stream:
-                    await self._relay.stream(sink, opened, ex)
-                else:
-                    self._relay.body(sink, opened, ex)
-                if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
-                        self.capabilities.of(opened.state.name, route.config):
-                    self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
-            finally:
-                opened.resp.close()
-                opened.release()
+            self.shadows.maybe(route, ex)
+            if ex.parsed.request.stream:
+                await self._relay.stream(sink, opened, ex)
+            else:
+                self._relay.body(sink, opened, ex)
+            if ex.response_id is not None and ex.status == "200" and Feature.STORED_RESPONSES in \
+                    self.capabilities.of(opened.state.name, route.config):
+                self.owners.remember(ex.response_id, opened.state.name)  # previous_response_id comes back here
         finally:
-            if ex.pair is not None:  # a prefill leg beside the decode's (SGLang) ends with the request
-                await self._pairs.settle(ex)
+            opened.resp.close()
+            opened.release()
 
     def pick(self, ex: Exchange, headers: Mapping[str, str], allowed: Callable[[BackendState], bool]) -> BackendState:
         """Route a parsed request without sending it (the Endpoint Picker: Envoy sends it): the route's
