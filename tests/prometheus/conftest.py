@@ -7,7 +7,7 @@ import pytest
 
 from tests.integration.harness import Emulators, LoopThread
 
-from .stack import WARM_UP_S, WORKERS, ServedGateway, Tally, drive, fleet_config
+from .stack import COUNTED, WARM_UP_S, WORKERS, ServedGateway, Tally, drive, fleet_config
 from .tools import Prometheus, binaries, unix_time, until
 
 
@@ -44,7 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         drive(gateway.url + "/v1", tally, seconds=WARM_UP_S)
         warm_scrape = scrape_after(tally.ended_at + 0.5)  # the gateway records just after the last byte
         warm_sent = tally.sent
-        drive(gateway.url + "/v1", tally)
+        drive(gateway.url + "/v1", tally, at_least=COUNTED)
         last = scrape_after(tally.ended_at + 0.5)
         until(lambda: all(unix_time(g["lastEvaluation"]) > last for g in prometheus.api("rules")["groups"]),
               timeout=30, what="a rule evaluation after that scrape")

@@ -30,6 +30,7 @@ WORKERS = 2
 
 WARM_UP_S = 2.0  # traffic before the counted window: the request series are born in it
 LOAD_S = 8.0  # wall time of the counted traffic: several scrapes while it runs
+COUNTED = 240  # ... and at least this many requests (the tests need over 200 to mean something)
 CLIENTS = 4
 
 
@@ -155,19 +156,29 @@ def one_request(client: openai.OpenAI, n: int, tally: Tally) -> None:
         tally.add_failed(exc.status_code)
 
 
-def drive(base_url: str, tally: Tally, *, seconds: float = LOAD_S, clients: int = CLIENTS) -> None:
-    """`clients` threads, each with its own SDK client, send requests until `seconds` have passed;
-    what they see is added to `tally`."""
+def drive(base_url: str, tally: Tally, *, seconds: float = LOAD_S, clients: int = CLIENTS, at_least: int = 0,
+          at_most_s: float = 60.0) -> None:
+    """`clients` threads, each with its own SDK client, send requests until `seconds` have passed
+    and at least `at_least` were sent (a loaded machine serves fewer per second; `at_most_s` bounds
+    it); what they see is added to `tally`."""
     tally.started_at = tally.started_at or time.time()
-    numbers = itertools.count(tally.sent)
+    first = tally.sent
+    numbers = itertools.count(first)
     lock = threading.Lock()
-    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+    deadline, cap = started + seconds, started + at_most_s
+
+    def more(n: int) -> bool:
+        now = time.monotonic()
+        return now < cap and (now < deadline or n - first < at_least)
 
     def worker() -> None:
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30) as client:
-            while time.monotonic() < deadline:
+            while True:
                 with lock:
                     n = next(numbers)
+                if not more(n):
+                    return
                 one_request(client, n, tally)
 
     with ThreadPoolExecutor(clients) as pool:
