@@ -31,6 +31,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from ..merge_rules import Merge, declare
+from ..routing.state import HANDOFF_BEFORE, HANDOFF_BESIDE
 from .lockfree import FastCounter, FastHistogram
 
 PREFILL_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
@@ -55,6 +56,14 @@ class PairRecord:
     # answer was the whole answer)
     handoff: str = "ok"
     task: asyncio.Future[None] | None = None  # a prefill leg running beside the decode's (SGLang)
+
+    @property
+    def remote(self) -> str | None:
+        """Where the decode leg's prompt KV comes from, for its routing ticket (`Ticket.remote`):
+        None when the decode computes it (no usable handoff)."""
+        if self.handoff != "ok":
+            return None
+        return HANDOFF_BESIDE if self.task is not None else HANDOFF_BEFORE
 
 
 class PdMetrics:

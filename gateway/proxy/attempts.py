@@ -53,7 +53,7 @@ from ..errors import (
     retry_after,
 )
 from ..observability.metrics import Recorder
-from ..routing import RouteRequest, RoutingState, decide
+from ..routing import RouteRequest, RoutingState, Snapshot, decide
 from ..settings import Timeouts
 from ..state.pool import BackendState, Pool
 from .accounting import Accounting
@@ -188,7 +188,14 @@ class Attempts:
         trace = ex.trace
         if trace is not None:
             trace.routing()
-        snapshot = self._routing.snapshot(self._pool.snapshot(candidates, self._throughput))
+        base = self._pool.snapshot(candidates, self._throughput)
+        planned = ex.planned
+        if planned is not None:  # a split's decode: the unit its pair was planned with (the first time)
+            ex.planned = None
+            only = tuple(v for v in base.backends if v.name == planned and v.healthy and v.backend not in ex.tried)
+            if only:
+                base = Snapshot(only)
+        snapshot = self._routing.snapshot(base)
         req = RouteRequest(route.config.model, next(route.seq), frozenset(ex.tried), ex.features)
         decision = decide(route.policy, req, snapshot, self._rng)
         if decision is None:
@@ -215,7 +222,8 @@ class Attempts:
         ex.decision = decision
         view = next(v for v in snapshot.backends if v.name == decision.backend)  # a backend, or one rank of one
         ex.tried.add(view.backend)
-        ex.ticket = self._routing.dispatched(view, ex.features)
+        pair = ex.pair  # a P/D decode leg: its prefill ran elsewhere
+        ex.ticket = self._routing.dispatched(view, ex.features, remote=pair.remote if pair is not None else None)
         ex.rank = view.rank
         ex.last = self._pool[view.backend]
         return ex.last

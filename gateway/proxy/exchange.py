@@ -82,6 +82,7 @@ class Exchange:
     trace: Trace | None  # its trace when tracing is on (`gateway.tracing`), else None
     pair: PairRecord | None  # a split (disaggregated) request's prefill leg (`proxy.pairs`)
     topology: str | None  # on a disaggregated route: "split" or "whole"
+    planned: str | None  # the routing unit its next decision takes, when healthy (a split's decode)
 
     def __init__(
         self, request_id: str, endpoint: Endpoint, started: float, *, status: str = "500", model: str = NONE,
@@ -120,6 +121,7 @@ class Exchange:
         self.trace = trace
         self.pair = None
         self.topology = None
+        self.planned = None
 
 
 def sla_outcome(

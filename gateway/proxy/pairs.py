@@ -3,9 +3,13 @@
 `Pairs.prepare` runs before the request's ordinary attempts (`attempts.Attempts.open`): it plans
 the pair (`routing.disaggregation.plan`, pure), and when the request is split, runs leg 1 on the
 prefill (vLLM: `backends.disaggregation`), then rewrites the request the attempts send to the decode
-and returns the decode as their only candidate. The decode leg is the client's request: it is the
-one attempt that answers, is counted once by accounting (its usage is the request's), and is never
-run twice (the attempts' retry rule). A request kept whole goes to the decode pool as usual.
+and returns their candidates: the planned decode unit first (`Exchange.planned`: the rank the pair
+was planned with, not one the route's policy picks again), then, for vLLM and trtllm, whose handoff
+any decode can take, the rest of the decode pool, for a decode that refuses the leg before doing
+any work (429/503, no connection: the attempts' retry rule); SGLang's room binds its one decode.
+The decode leg is the client's request: it is the one attempt that answers, is counted once by
+accounting (its usage is the request's), and is never run twice. A request kept whole goes to the
+decode pool as usual.
 
 The prefill leg's rules:
 
@@ -134,7 +138,12 @@ class Pairs:
                 trtllm_generation_body(request.body, params)
         ex.parsed = ParsedRequest(parsed.model, ClientRequest(request.endpoint, body, request.stream,
                                                               request.include_usage, request.created))
-        return [decode_backend]
+        ex.planned = chosen.decode.backend  # the decode unit of the plan (a rank of a wide server, or the server)
+        if runtime is Runtime.SGLANG:  # the room is this decode's rendezvous with the running prefill
+            return [decode_backend]
+        # vLLM's and trtllm's handoff is the prefill's, not the decode's: a decode that refuses the
+        # leg (429/503, no connection: it did no work) may be replaced by another of the pool
+        return [decode_backend, *(n for n in decode_pool if n not in (decode_backend, record.prefill))]
 
     def _sglang(self, route: RouteState, ex: Exchange, chosen: PairPlan, record: PairRecord) -> dict[str, Any]:
         """Start the prefill leg (drained in a task, `settle` ends it); the decode leg's body."""
@@ -268,6 +277,7 @@ class Pairs:
         leg = trace.leg("prefill", state, upstream.headers, upstream_id) if trace is not None else None
         headers = upstream.headers if leg is None else leg.headers
         ticket = self._routing.dispatched(view, ex.features)
+        sent_at = self._clock()
         state.in_flight += 1
         if rank is not None:
             state.rank_in_flight[rank] += 1
@@ -300,6 +310,9 @@ class Pairs:
                 state.rank_in_flight[rank] -= 1
         if leg is not None:
             leg.end(status=status)
+        # a prefill leg's answer is its first token (max_tokens 1): it teaches the prefill's rate,
+        # which `when: auto` weighs against serving the request whole on the decode
+        self._routing.first_token(ticket, self._clock() - sent_at)
         self._routing.completed(ticket, cached_tokens=None, prompt_tokens=None, itl_s=None)
         self._accounting.judge(self._pool, state, ok=True)
         assert resp is not None

@@ -12,14 +12,19 @@ ranks of them) with each backend's role, and returns a `PairPlan`:
    engine's KV events are live) must reach `min_uncached_tokens` (llm-d's and Dynamo's rule: a
    prompt mostly cached on the decode costs less to finish there than to move), and the decode pool
    must not be saturated (every decode unit's KV cache at least `SATURATED_KV_USAGE` full: a
-   transferred KV cache needs room the pool does not have, so the request is served whole).
+   transferred KV cache needs room the pool does not have, so the request is served whole), and,
+   once the units' latency models know enough to say, the split must be predicted to reach its
+   first token sooner than the request served whole on the decode (`predicted_ttft`: a busy decode
+   beside an idle prefill splits, equally loaded `both` servers keep long prompts whole, since the
+   handoff only adds to the same prefill).
 3. The prefill: over the prefill pool (`prefill` and `both` backends) other than the decode's
    server, by prefix affinity with bounded load (`PrefixAffinity`: the prefill whose cache holds
    the prompt's prefix, unless it carries much more than the pool's mean load).
 
 The decision and its reason are a metric label (`gateway_pd_decisions_total{decision, reason}`):
 `always`, `never`, `uncached` (auto split), `cached` (auto kept whole: too few uncached tokens),
-`decode_saturated`, `no_prefill` (no healthy prefill other than the decode).
+`decode_saturated`, `no_prefill` (no healthy prefill other than the decode), `slower` (auto kept
+whole: the split was predicted to reach its first token later).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from .scoring import hits_for
 SATURATED_KV_USAGE: Final = 0.9
 _PREFILL_POLICY: Final = PrefixAffinity()
 
-PairReason = Literal["always", "never", "uncached", "cached", "decode_saturated", "no_prefill"]
+PairReason = Literal["always", "never", "uncached", "cached", "decode_saturated", "no_prefill", "slower"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +105,31 @@ def plan(req: RouteRequest, snapshot: Snapshot, roles: Mapping[str, str], spec: 
         if prefills else None
     if chosen is None:
         return PairPlan(decode, None, "no_prefill", uncached)
+    if when == "auto":
+        prefill_view = next(v for v in prefills if v.name == chosen.backend)
+        whole, split = predicted_ttft(req, snapshot, decode_view, uncached, prefill_view, chosen)
+        if whole is not None and split is not None and split >= whole:
+            return PairPlan(decode, None, "slower", uncached)
     return PairPlan(decode, chosen, "always" if when == "always" else "uncached", uncached)
+
+
+def predicted_ttft(req: RouteRequest, snapshot: Snapshot, decode: BackendView, uncached: int, prefill: BackendView,
+                   chosen: Decision) -> tuple[float | None, float | None]:
+    """The request's time to first token served whole on `decode`, and split (prefilled on
+    `prefill`, then handed to `decode`), from the units' learned latency models (`latency.py`);
+    None where a model does not know yet. Whole: the decode's queue and its own prefill of the
+    uncached tokens. Split: the prefill's queue and prefill of what is uncached there, then the
+    decode's handoff (the transfer, its queue, its first step) as learned from earlier split
+    requests, or, before one was seen, the decode's queue alone (optimistic: the transfer is free)."""
+    at_decode = snapshot.latency.get(decode.name)
+    at_prefill = snapshot.latency.get(prefill.name)
+    if at_decode is None or at_prefill is None:
+        return None, None
+    whole = at_decode.ttft_s(uncached, decode.waiting)
+    prefilled = at_prefill.ttft_s(max(0, req.features.prompt_tokens - chosen.expected_hit_tokens), prefill.waiting)
+    handoff = at_decode.handoff_s if at_decode.handoff_s is not None else at_decode.ttft_s(0, decode.waiting)
+    split = prefilled + handoff if prefilled is not None and handoff is not None else None
+    return whole, split
 
 
 def _decode(req: RouteRequest, snapshot: Snapshot, view: BackendView) -> tuple[int, Decision]:

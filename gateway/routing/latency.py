@@ -48,6 +48,9 @@ class LatencyModel:
     itl_s: tuple[float | None, ...] = (None,) * ITL_BUCKETS  # by bucket; unseen ones borrow the nearest
     ttft_samples: int = 0  # TTFT observations the prefill rate was learned from (confidence)
     pending: int = 0  # requests this gateway sent that have not had their first token yet
+    # a decode's time to first token for requests prefilled elsewhere (P/D: the KV transfer, its
+    # queue and its first step), learned from those requests; None until one was seen
+    handoff_s: float | None = None
 
     def ttft_s(self, uncached_tokens: float, waiting: float | None = None) -> float | None:
         """Predicted time to first token for a request with `uncached_tokens` of prefill."""
@@ -96,6 +99,8 @@ class LatencyEstimator:
         self._pending = 0
         self._mean_uncached: float | None = None
         self._itl: list[float | None] = [None] * ITL_BUCKETS
+        self._handoff_s: float | None = None
+        self._handoff_samples = 0
         self._model: LatencyModel | None = UNKNOWN
 
     def _ewma(self, old: float | None, sample: float) -> float:
@@ -137,6 +142,15 @@ class LatencyEstimator:
             self._s_per_token = self._warming(self._s_per_token, prefill_s / work_tokens, self._ttft_samples)
         self._model = None
 
+    def observe_handoff(self, ttft_s: float) -> None:
+        """One time to first token of a request whose prefill ran on another server (P/D), measured
+        from the decode leg's send: it teaches `handoff_s`, never the prefill rate."""
+        if ttft_s <= 0:
+            return
+        self._handoff_samples += 1
+        self._handoff_s = self._warming(self._handoff_s, ttft_s, self._handoff_samples)
+        self._model = None
+
     def observe_itl(self, *, running: float, itl_s: float) -> None:
         """One request's mean inter-token latency while `running` requests shared the batch."""
         if itl_s <= 0:
@@ -158,5 +172,6 @@ class LatencyEstimator:
                 itl_s=fill_buckets(self._itl),
                 ttft_samples=self._ttft_samples,
                 pending=self._pending,
+                handoff_s=self._handoff_s,
             )
         return self._model

@@ -25,6 +25,8 @@ from .prefix_index import DEFAULT_CAPACITY, PrefixIndex, Sent
 from .tokens import TokenPrompt
 
 EXACT: Final = "exact"
+HANDOFF_BEFORE: Final = "before"  # `Ticket.remote`: the KV was computed before the decode leg was sent
+HANDOFF_BESIDE: Final = "beside"  # ... alongside it (SGLang's rendezvous)
 APPROXIMATE: Final = "approximate"
 
 
@@ -64,14 +66,19 @@ class Ticket:
     counter: Final[int]
     server: Final[str]  # the backend (`sent.backend` is the routing unit: the backend or one of its ranks)
     rank: Final[int | None]  # the data-parallel rank the request was pinned to
+    # P/D: the request's prefill ran elsewhere, `before` this send (vLLM, trtllm: its first token
+    # times the handoff) or `beside` it (SGLang: it includes the prefill); None: prefilled here
+    remote: Final[str | None]
 
     def __init__(  # written out, so the compiled build compiles it (`backends/values.py`)
         self, sent: Sent, uncached_tokens: float, ahead_tokens: float, running: float, prefilled: bool = False,
         expected_tokens: int = 0, source: str = APPROXIMATE, exact_tokens: int | None = None,
         prompt: TokenPrompt | None = None, counter: int = 0, server: str | None = None, rank: int | None = None,
+        remote: str | None = None,
     ) -> None:
         self.server = sent.backend if server is None else server
         self.rank = rank
+        self.remote = remote
         self.sent = sent
         self.uncached_tokens = uncached_tokens
         self.ahead_tokens = ahead_tokens
@@ -202,11 +209,14 @@ class RoutingState:
         ttft_s: float | None = None,
         running: float | None = None,
         itl_s: float | None = None,
+        handoff_s: float | None = None,
     ) -> None:
         """Feed one backend's estimator directly (warm-up, replays, tests)."""
         est = self.estimator(backend)
         if work_tokens is not None and ttft_s is not None:
             est.observe_ttft(work_tokens=work_tokens, ttft_s=ttft_s)
+        if handoff_s is not None:
+            est.observe_handoff(handoff_s)
         if running is not None and itl_s is not None:
             est.observe_itl(running=running, itl_s=itl_s)
         self._publish(backend)
@@ -220,8 +230,9 @@ class RoutingState:
         """`base` (the pool's views) with this state's prefix index and latency models attached."""
         return Snapshot(base.backends, self._view, self.latency)
 
-    def dispatched(self, view: BackendView, features: RequestFeatures) -> Ticket:
-        """The request is being sent to `view`'s backend (call right before sending)."""
+    def dispatched(self, view: BackendView, features: RequestFeatures, *, remote: str | None = None) -> Ticket:
+        """The request is being sent to `view`'s backend (call right before sending). `remote`: its
+        prefill ran on another server (`Ticket.remote`), so none is queued here."""
         sent = self.index.record(view.name, features, block_size=view.block_size)
         expected = scaled(sent.predicted_tokens, features)
         source, exact, counter = APPROXIMATE, None, 0
@@ -230,12 +241,12 @@ class RoutingState:
             exact, live, counter = self.engines.predict(view.backend, tokens, view.rank)
             if live and exact is not None:
                 expected, source = exact, EXACT
-        uncached = float(max(features.prompt_tokens - expected, 0))
+        uncached = 0.0 if remote is not None else float(max(features.prompt_tokens - expected, 0))
         ahead = self.estimator(view.name).dispatched(uncached)
         self._publish(view.name)
         running = view.running if view.running is not None else float(view.in_flight)
         return Ticket(sent, uncached, ahead, running, expected_tokens=expected, source=source, exact_tokens=exact,
-                      prompt=tokens, counter=counter, server=view.backend, rank=view.rank)
+                      prompt=tokens, counter=counter, server=view.backend, rank=view.rank, remote=remote)
 
     def first_token(self, ticket: Ticket, ttft_s: float | None) -> None:
         """The first token arrived after `ttft_s` (None when unmeasured, e.g. non-streaming)."""
@@ -245,7 +256,11 @@ class RoutingState:
         est = self.estimator(ticket.backend)
         est.prefilled(ticket.uncached_tokens)
         if ttft_s is not None:
-            est.observe_ttft(work_tokens=ticket.ahead_tokens + ticket.uncached_tokens, ttft_s=ttft_s)
+            remote = ticket.remote
+            if remote is None:
+                est.observe_ttft(work_tokens=ticket.ahead_tokens + ticket.uncached_tokens, ttft_s=ttft_s)
+            elif remote == HANDOFF_BEFORE:  # (beside: the prefill's time is in it too, it teaches nothing)
+                est.observe_handoff(ttft_s)
         self._publish(ticket.backend)
 
     def completed(

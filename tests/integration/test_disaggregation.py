@@ -148,6 +148,32 @@ def test_a_failed_prefill_is_retried_on_another_and_never_ejects_the_decode(emul
     assert gw.metric("gateway_backend_ejections_total", backend="d0") == 0
 
 
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_decode_that_refuses_the_leg_is_replaced_by_another_decode(emulators: Emulators, gateway: Gateway,
+                                                                     status: int) -> None:
+    """A refusal (the engine did no work) of the planned decode: the leg goes to another decode of
+    the pool with the same handoff, which pulls the prefill's KV; the prefill ran once, the request
+    is counted once, as the second decode's."""
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    refusing = emulators.start("vllm", disagg=DisaggConfig(role="decode"), fail_first=1, fail_status=status)
+    other = emulators.start("vllm", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"), backend_entry("d0", refusing, "vllm", role="decode"),
+                backend_entry("d1", other, "vllm", role="decode")]
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    raw = gw.client().chat.completions.with_raw_response.create(model="moe", messages=LONG, max_tokens=3)
+    assert raw.parse().choices[0].message.content
+    assert raw.headers["x-gateway-backend"] == "d1"
+    assert refusing.ctx.stats.failed_injected == 1  # planned first (config order among idle decodes)
+    eventually(lambda: other.ctx.stats.kv_pulled == 1)
+    assert p.ctx.stats.kv_produced == 1
+    assert served(p) == 1
+    assert other.ctx.stats.kv_recomputed == 0
+    assert gw.metric("gateway_requests_total", backend="d1", status="200") == 1
+    assert gw.metric("gateway_requests_total", backend="d0") == 0
+    assert gw.metric("gateway_retries_total", backend="d0") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", decode="d1", outcome="ok") == 1
+
+
 def test_with_no_prefill_left_the_decode_serves_alone(emulators: Emulators, gateway: Gateway) -> None:
     (bad,), d, backends = pair(emulators, fail_first=100, fail_status=500)
     gw = gateway(backends, routes=pd_route(backends, when="always", handoff="storage"))

@@ -76,7 +76,7 @@ VALUES: list[tuple[type[Any], dict[str, Any]]] = [
     (Sent, {"backend": "b", "chain": (1, 2), "stride": 1, "prompt_bytes": 128, "predicted_blocks": 1, "tick": 4}),
     (Ticket, {"sent": SENT, "uncached_tokens": 10.0, "ahead_tokens": 5.0, "running": 2.0, "prefilled": True,
               "expected_tokens": 16, "source": EXACT, "exact_tokens": 16, "prompt": FEATURES.tokens, "counter": 3,
-              "server": "w", "rank": 1}),
+              "server": "w", "rank": 1, "remote": "before"}),
     (Needs, {"endpoint": Endpoint.RESPONSES, "serves": (Feature.RESPONSES, Feature.CHAT),
              "features": frozenset({Feature.TOOLS}), "untranslatable": "previous_response_id"}),
 ]

@@ -118,3 +118,64 @@ def test_ranks_of_one_server_are_decode_units_of_its_role() -> None:
     assert chosen.decode.backend == "d0@1"
     assert chosen.prefill is not None
     assert chosen.prefill.backend == "p0"
+
+
+BOTH = {"b0": "both", "b1": "both"}
+
+
+def taught(state: RoutingState, *names: str, tokens_per_s: float = 10_000.0, handoff_s: float | None = None) -> None:
+    """Latency models as learned: a prefill rate (ten long TTFTs, no fixed part) and a handoff."""
+    for name in names:
+        for _ in range(10):
+            state.observe(name, work_tokens=4096, ttft_s=4096 / tokens_per_s)
+        if handoff_s is not None:
+            state.observe(name, handoff_s=handoff_s)
+
+
+def test_auto_keeps_a_long_prompt_whole_when_the_split_is_predicted_slower() -> None:
+    """Two equally idle `both` servers: the prefill costs the same on either, the handoff only adds."""
+    state = RoutingState()
+    taught(state, "b0", "b1", handoff_s=0.2)
+    chosen = plan(req(features(doc(20, 8192))), snap(state, view("b0"), view("b1")), BOTH, AUTO, RNG)
+    assert chosen is not None
+    assert (chosen.split, chosen.reason) == (False, "slower")
+    assert chosen.uncached_tokens >= 256  # the token rule alone would have split it
+
+
+def test_auto_splits_a_long_prompt_when_the_decode_is_busy_and_a_prefill_idle() -> None:
+    """The decode's queue of prefill work makes the whole request wait; the idle prefill does not."""
+    state = RoutingState()
+    taught(state, "p0", "d0", handoff_s=0.05)
+    busy = view("d0")
+    for n in range(6):  # six long prompts sent to d0, no first token yet: 6 x ~2k tokens queued
+        state.dispatched(busy, features(doc(30 + n, 8192)))
+    chosen = plan(req(features(doc(21, 8192))), snap(state, view("p0"), busy), ROLES, AUTO, RNG)
+    assert chosen is not None
+    assert (chosen.split, chosen.reason) == (True, "uncached")
+
+
+def test_auto_uses_the_token_rule_while_the_latency_models_know_nothing() -> None:
+    chosen = plan(req(features(doc(22, 8192))), snap(RoutingState(), view("b0"), view("b1")), BOTH, AUTO, RNG)
+    assert chosen is not None
+    assert (chosen.split, chosen.reason) == (True, "uncached")
+
+
+def test_a_decode_leg_prefilled_elsewhere_teaches_the_handoff_never_the_prefill_rate() -> None:
+    state = RoutingState()
+    d0 = view("d0")
+    long = features(doc(23, 8192))
+    ticket = state.dispatched(d0, long, remote="before")
+    assert ticket.uncached_tokens == 0  # its prefill is not queued on the decode
+    assert state.estimator("d0").backlog_tokens == 0
+    state.first_token(ticket, 0.3)
+    model = state.latency["d0"]
+    assert model.handoff_s == 0.3
+    assert model.prefill_tokens_per_s is None
+    assert model.base_ttft_s == 0.0
+    beside = state.dispatched(d0, long, remote="beside")  # SGLang: the prefill's time is in its TTFT
+    state.first_token(beside, 2.0)
+    assert state.latency["d0"].handoff_s == 0.3
+    whole = state.dispatched(d0, features(doc(24, 8192)))  # (the decode holds `long` now: another prompt)
+    assert whole.uncached_tokens > 256
+    state.first_token(whole, 0.5)
+    assert state.latency["d0"].prefill_tokens_per_s is not None
