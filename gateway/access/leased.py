@@ -57,7 +57,10 @@ class Source(Protocol):
 class ShareLimiter:
     """A holder's own buckets at its share of each key's budget: the fallback while its source is
     stalled. `follow` sets them from each answer (so they start from what the authority had, not
-    full); between answers they refill at the share of the rate."""
+    full); between answers they refill at the share of the rate. A key this holder never had an
+    answer for starts empty: what is left of its budget is unknown here, and another holder (a
+    worker the key's earlier requests went to) may hold all of it; starting full let a stalled
+    supervisor's second worker admit a whole budget more (33 of 20 in a minute)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -69,8 +72,8 @@ class ShareLimiter:
         share = self._shares.get(key_id, self.share_of_unknown)
         capacity = max(per_minute * share, 1.0)
         bucket = self._buckets.get((key_id, kind))
-        if bucket is None:
-            bucket = self._buckets[(key_id, kind)] = Bucket(capacity, capacity / 60.0, capacity, now)
+        if bucket is None:  # empty until an answer says what is left (`follow`)
+            bucket = self._buckets[(key_id, kind)] = Bucket(capacity, capacity / 60.0, 0.0, now)
         bucket.refill(now)
         if bucket.capacity != capacity:
             bucket.rescaled(capacity)
