@@ -106,6 +106,21 @@ def workers_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+SHARED_CORES = 0.2  # others' cores above which the load-bound figures are not quoted
+
+
+def _sharing_note(res: dict[str, Any]) -> str:
+    """Whether the load-bound figures came from a quiet machine (the *others' cores* columns)."""
+    others = [r["others_cores"] for r in res.get("active", [])]
+    others += [o for r in (res.get("workers") or {}).get("rows", []) for o in r["others_cores"]]
+    if max(others, default=0.0) <= SHARED_CORES:
+        return (f"The rest of the machine used at most {max(others, default=0.0):.2f} cores during the "
+                "load-bound measurements (the *others' cores* columns): a quiet machine.")
+    return ("The loop-lag and workers figures come from a machine shared with other work (the *others' cores* "
+            "columns: CPU the rest of the machine used meanwhile, out of 2): they must be re-measured on a quiet "
+            "machine before they are quoted. The idle memory figure hardly depends on load.")
+
+
 def markdown(res: dict[str, Any]) -> str:
     meta = res["meta"]
     plan = meta["plan"]
@@ -121,9 +136,7 @@ def markdown(res: dict[str, Any]) -> str:
         "per stream, so one process holds at most about half of it",
         f"- peers: {', '.join(f'{k} {v}' for k, v in meta['peers'].items()) or 'none'}", "",
         "## Targets", "", *summary(res), "",
-        "The loop-lag and workers figures come from a machine shared with other work (the *others' cores* "
-        "columns: CPU the rest of the machine used meanwhile, out of 2): they must be re-measured on a quiet "
-        "machine before they are quoted. The idle memory figure hardly depends on load.", "",
+        _sharing_note(res), "",
         "## idle", "",
         f"Streams opened at {plan['idle_ramp_per_s']:g}/s by `bench/hold_streams.py` (a bare asyncio client) "
         "through the target to `bench/drip_sse.py`, which sends the role event and then nothing for an hour. "
