@@ -13,10 +13,12 @@ ranks of them) with each backend's role, and returns a `PairPlan`:
    prompt mostly cached on the decode costs less to finish there than to move), and the decode pool
    must not be saturated (every decode unit's KV cache at least `SATURATED_KV_USAGE` full: a
    transferred KV cache needs room the pool does not have, so the request is served whole), and,
-   once the units' latency models know enough to say, the split must be predicted to reach its
-   first token sooner than the request served whole on the decode (`predicted_ttft`: a busy decode
-   beside an idle prefill splits, equally loaded `both` servers keep long prompts whole, since the
-   handoff only adds to the same prefill).
+   once the units' latency models know enough to say, the split must be predicted to cost less
+   time than the request served whole on the decode (`predicted_cost`: its own time to first token
+   plus the stall its prefill puts on every stream decoding where the prefill runs). A decode
+   running streams beside a `prefill` server splits (its streams would each wait the prefill); a
+   busy decode beside an idle prefill splits; equally loaded `both` servers keep long prompts
+   whole, since the stall moves with the prefill and the handoff only adds to it.
 3. The prefill: over the prefill pool (`prefill` and `both` backends) other than the decode's
    server, by prefix affinity with bounded load (`PrefixAffinity`: the prefill whose cache holds
    the prompt's prefix, unless it carries much more than the pool's mean load).
@@ -24,7 +26,7 @@ ranks of them) with each backend's role, and returns a `PairPlan`:
 The decision and its reason are a metric label (`gateway_pd_decisions_total{decision, reason}`):
 `always`, `never`, `uncached` (auto split), `cached` (auto kept whole: too few uncached tokens),
 `decode_saturated`, `no_prefill` (no healthy prefill other than the decode), `slower` (auto kept
-whole: the split was predicted to reach its first token later).
+whole: the split was predicted to cost more time).
 """
 
 from __future__ import annotations
@@ -107,29 +109,49 @@ def plan(req: RouteRequest, snapshot: Snapshot, roles: Mapping[str, str], spec: 
         return PairPlan(decode, None, "no_prefill", uncached)
     if when == "auto":
         prefill_view = next(v for v in prefills if v.name == chosen.backend)
-        whole, split = predicted_ttft(req, snapshot, decode_view, uncached, prefill_view, chosen)
+        whole, split = predicted_cost(req, snapshot, roles, decode_view, uncached, prefill_view, chosen)
         if whole is not None and split is not None and split >= whole:
             return PairPlan(decode, None, "slower", uncached)
     return PairPlan(decode, chosen, "always" if when == "always" else "uncached", uncached)
 
 
-def predicted_ttft(req: RouteRequest, snapshot: Snapshot, decode: BackendView, uncached: int, prefill: BackendView,
-                   chosen: Decision) -> tuple[float | None, float | None]:
-    """The request's time to first token served whole on `decode`, and split (prefilled on
-    `prefill`, then handed to `decode`), from the units' learned latency models (`latency.py`);
-    None where a model does not know yet. Whole: the decode's queue and its own prefill of the
-    uncached tokens. Split: the prefill's queue and prefill of what is uncached there, then the
-    decode's handoff (the transfer, its queue, its first step) as learned from earlier split
-    requests, or, before one was seen, the decode's queue alone (optimistic: the transfer is free)."""
+def predicted_cost(req: RouteRequest, snapshot: Snapshot, roles: Mapping[str, str], decode: BackendView,
+                   uncached: int, prefill: BackendView, chosen: Decision) -> tuple[float | None, float | None]:
+    """The time the request costs served whole on `decode`, and split (prefilled on `prefill`, then
+    handed to `decode`), from the units' learned latency models (`latency.py`); None where a model
+    does not know yet. Each cost is the request's own time to first token plus the stall its prefill
+    puts on the streams decoding where it runs: a chunked-prefill engine runs the prompt in the same
+    steps as its running requests, so each of them waits the prefill's time once (the inter-token
+    spike P/D exists to avoid). A `prefill` server decodes nothing, so a split onto one stalls no
+    stream; a `both` prefill stalls its own.
+
+    Whole: the decode's queue and its own prefill of the uncached tokens, plus that prefill's time
+    for every request it runs. Split: the prefill's queue and prefill of what is uncached there, then
+    the decode's handoff (the transfer, its queue, its first step) as learned from earlier split
+    requests, or, before one was seen, the decode's queue alone (optimistic: the transfer is free),
+    plus, on a `both` prefill, the prefill's time for every request it runs."""
     at_decode = snapshot.latency.get(decode.name)
     at_prefill = snapshot.latency.get(prefill.name)
-    if at_decode is None or at_prefill is None:
+    if at_decode is None or at_prefill is None or at_decode.prefill_tokens_per_s is None \
+            or at_prefill.prefill_tokens_per_s is None:
         return None, None
     whole = at_decode.ttft_s(uncached, decode.waiting)
-    prefilled = at_prefill.ttft_s(max(0, req.features.prompt_tokens - chosen.expected_hit_tokens), prefill.waiting)
+    here = max(0, req.features.prompt_tokens - chosen.expected_hit_tokens)
+    prefilled = at_prefill.ttft_s(here, prefill.waiting)
     handoff = at_decode.handoff_s if at_decode.handoff_s is not None else at_decode.ttft_s(0, decode.waiting)
-    split = prefilled + handoff if prefilled is not None and handoff is not None else None
+    if whole is None or prefilled is None or handoff is None:
+        return None, None
+    whole += running(decode) * uncached / at_decode.prefill_tokens_per_s
+    split = prefilled + handoff
+    if roles.get(prefill.backend, "both") != "prefill":
+        split += running(prefill) * here / at_prefill.prefill_tokens_per_s
     return whole, split
+
+
+def running(view: BackendView) -> float:
+    """Requests the unit is running: the engine's count, or ours in flight where that is higher (the
+    engine's is scraped, so it lags)."""
+    return max(view.running or 0.0, float(view.in_flight))
 
 
 def _decode(req: RouteRequest, snapshot: Snapshot, view: BackendView) -> tuple[int, Decision]:

@@ -154,6 +154,32 @@ def test_auto_splits_a_long_prompt_when_the_decode_is_busy_and_a_prefill_idle() 
     assert (chosen.split, chosen.reason) == (True, "uncached")
 
 
+def test_auto_splits_to_spare_a_decodes_running_streams_the_prefill_stall() -> None:
+    """Whole on the decode reaches its own first token sooner (no handoff), but the decode runs 16
+    streams that would each wait the 0.8 s prefill: the split onto a `prefill` server stalls none."""
+    state = RoutingState()
+    taught(state, "p0", "d0", handoff_s=0.2)
+    prompt = features(doc(24, 8192))
+    idle = plan(req(prompt), snap(state, view("p0"), view("d0")), ROLES, AUTO, RNG)
+    assert idle is not None
+    assert (idle.split, idle.reason) == (False, "slower")  # nobody to stall: the handoff only adds
+    busy = plan(req(prompt), snap(state, view("p0"), view("d0", running=16)), ROLES, AUTO, RNG)
+    assert busy is not None
+    assert (busy.split, busy.reason) == (True, "uncached")
+
+
+def test_auto_counts_the_stall_a_both_prefill_puts_on_its_own_streams() -> None:
+    """Between `both` servers the stall moves with the prefill: splitting from a decode running 4
+    streams onto one running 12 costs more, so the prompt stays whole."""
+    state = RoutingState()
+    taught(state, "b0", "b1", handoff_s=0.01)
+    chosen = plan(req(features(doc(25, 8192))), snap(state, view("b0", running=4), view("b1", running=12)), BOTH,
+                  AUTO, RNG)
+    assert chosen is not None
+    assert chosen.decode.backend == "b0"
+    assert (chosen.split, chosen.reason) == (False, "slower")
+
+
 def test_auto_uses_the_token_rule_while_the_latency_models_know_nothing() -> None:
     chosen = plan(req(features(doc(22, 8192))), snap(RoutingState(), view("b0"), view("b1")), BOTH, AUTO, RNG)
     assert chosen is not None
