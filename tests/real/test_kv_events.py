@@ -11,7 +11,7 @@ the sample. vLLM publishes its events on its own ZMQ thread, so a client that se
 moment an answer arrives can be routed before that answer's stores and evictions reach the gateway
 (CI saw 512 predicted for 384 served, and 0 for 384; the reported `cached_tokens` corrects the index
 at once). The test measures the prediction, not that race: after an answer that stored a block, it
-polls the gateway until the serving backend's next event batch has arrived (deadline 5 s).
+polls the gateway until the serving backend's next event batch has arrived (deadline 10 s).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import openai
 import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
+
+from tests.integration.harness import wait_for
 
 from .harness import (
     BACKEND_NAME,
@@ -128,10 +130,10 @@ def kv_states(http: httpx.Client) -> dict[str, dict[str, Any]]:
     return {b["name"]: b["kv_events"] for b in resp.json()["backends"]}
 
 
-def wait_for_batch(http: httpx.Client, backend: str, seen: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and kv_states(http)[backend]["batches"] <= seen:
-        time.sleep(0.02)
+def batch_arrived(http: httpx.Client, backend: str, seen: int) -> None:
+    """Wait until the gateway counts more event batches from `backend` than `seen`."""
+    wait_for(lambda: int(kv_states(http)[backend]["batches"]), lambda n: n > seen, timeout=10.0,
+             what=f"{backend}'s event batch after a stored block")
 
 
 def test_expected_cached_tokens_equal_vllms_own(kv_gateway: ServerProcess) -> None:
@@ -155,7 +157,7 @@ def test_expected_cached_tokens_equal_vllms_own(kv_gateway: ServerProcess) -> No
         if backend in live:
             compared.append((backend, int(raw.headers["x-gateway-expected-cached-tokens"]), cached))
         if reply.usage.prompt_tokens - 1 - cached >= KV_BLOCK_SIZE:  # a new full block: a batch follows
-            wait_for_batch(http, backend, before[backend]["batches"])
+            batch_arrived(http, backend, before[backend]["batches"])
     states = kv_states(http)
     print(f"[real] kv states: {states}", file=sys.stderr)
     assert len(compared) >= 0.9 * len(prompts)
