@@ -99,6 +99,7 @@ class GatewayProcess:
         port: int = 0, env: Mapping[str, str] | None = None,
     ) -> None:
         source: list[str] = []
+        self._clients: list[openai.OpenAI] = []
         self.config_path = workdir / "gateway.yaml"
         if config is not None:
             self.config_path.write_text(yaml.safe_dump(dict(config)))
@@ -127,7 +128,6 @@ class GatewayProcess:
                     self.stop()
                     raise RuntimeError(f"gateway did not start its picker\n{self.log_path.read_text()}")
             self.picker_port = int(line.rsplit(":", 1)[1])
-        self._clients: list[openai.OpenAI] = []
 
     def client(self) -> openai.OpenAI:
         """An official SDK client for this gateway (no SDK retries: we test the gateway's own);
@@ -182,6 +182,24 @@ def stop_group(proc: subprocess.Popen[Any], *, grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def kill_and_wait_gone(pid: int, *, timeout: float = 15.0) -> None:
+    """SIGKILL a gateway worker and wait until it is gone (exited: a zombie or reaped), so its
+    listening socket is closed. Until then the kernel may still queue a new connection on it
+    (SO_REUSEPORT gives each worker its own accept queue) and reset it when the process dies, as it
+    does for any client of a crashing worker unless `net.ipv4.tcp_migrate_req` is 1. A test talks to
+    the gateway once the crash has happened, not during it."""
+    os.kill(pid, signal.SIGKILL)
+
+    def gone() -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] in {"Z", "X"}
+
+    eventually(gone, timeout)
 
 
 def eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:

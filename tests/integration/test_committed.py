@@ -7,9 +7,7 @@ Every request here opens its own connection (SO_REUSEPORT spreads connections ov
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from typing import Any
 import yaml
 
 from .fakes import RecordingBackend, run, start_recording_backend
-from .harness import AS_JSON, ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, wait_for
+from .harness import AS_JSON, ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, kill_and_wait_gone, wait_for
 from .test_workers import chat, fresh, scrape, total
 
 Start = Callable[..., GatewayProcess]
@@ -34,7 +32,7 @@ def kill_a_worker(gw: GatewayProcess, slot: int = 0) -> int:
     connected and been counted. The replacement's pid."""
     before = workers_doc(gw)
     victim = next(r["pid"] for r in before["workers"] if r["worker"] == slot)
-    os.kill(victim, signal.SIGKILL)
+    kill_and_wait_gone(victim)
     doc = wait_for(lambda: workers_doc(gw),
                    lambda d: len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]}
                    and d["restarts"] == before["restarts"] + 1,
@@ -110,7 +108,7 @@ def test_a_slot_whose_worker_cannot_start_stays_down_and_is_reported_while_the_o
     away = tmp_path / "tokenizer-away"
     tokenizer.rename(away)  # the committed generation's tokenizer is gone: a new worker cannot build it
     victim = workers_doc(gw)["workers"][0]
-    os.kill(victim["pid"], signal.SIGKILL)
+    kill_and_wait_gone(victim["pid"])
     doc = wait_for(lambda: workers_doc(gw), lambda d: len(d["down"]) == 1 and d["down"][0]["failed_starts"] >= 2,
                    timeout=60, what="the slot reported down after failed starts")
     [down] = doc["down"]
@@ -183,7 +181,7 @@ def test_a_worker_restarting_during_a_reload_ends_on_the_committed_generation(
         config["routes"].append({"model": "added", "backends": ["v"]})
 
     edit(gw, add_route)
-    os.kill(victim, signal.SIGKILL)
+    kill_and_wait_gone(victim)
     reply = fresh("POST", gw.url + "/admin/reload", headers=AS_JSON)  # while the slot's replacement is starting
     assert reply.status_code == 200
     assert reply.json()["generation"] == 2

@@ -26,7 +26,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.access.secrets import hash_key
 
 from .fakes import run, start_recording_backend
-from .harness import AS_JSON, ROOT, Emulators, GatewayProcess, LoopThread, backend_entry, eventually, wait_for
+from .harness import (
+    AS_JSON,
+    ROOT,
+    Emulators,
+    GatewayProcess,
+    LoopThread,
+    backend_entry,
+    eventually,
+    kill_and_wait_gone,
+    wait_for,
+)
 
 Start = Callable[..., GatewayProcess]
 
@@ -254,7 +264,7 @@ def test_a_dead_worker_is_restarted_and_no_counter_goes_backwards(two_workers: G
     before = scrape(gw.url + "/metrics")
     assert total(before, "gateway_requests_total") == 20
     victim, survivor = sorted(children(gw.proc.pid))
-    os.kill(victim, signal.SIGKILL)
+    kill_and_wait_gone(victim)
     replaced = wait_for(lambda: set(children(gw.proc.pid)), lambda pids: len(pids) == 2 and victim not in pids,
                         timeout=60, what="a replacement worker")
     assert survivor in replaced

@@ -8,8 +8,6 @@ Every request here opens its own connection, so that either worker may answer it
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import yaml
 from backends.emulator import RunningEmulator
 from tests.discovery.harness import Dnsmasq
 
-from .harness import Emulators, GatewayProcess, backend_entry, wait_for
+from .harness import Emulators, GatewayProcess, backend_entry, kill_and_wait_gone, wait_for
 from .test_kv_events import ask_fresh, conversations, kv_state, publishing, subscribed
 from .test_workers import chat, fresh, scrape, total
 
@@ -131,7 +129,7 @@ def test_counters_never_go_backwards_across_a_reload_nor_count_twice_across_a_re
     # a killed worker is replaced: the replacement discovers both endpoints itself, which the
     # gateway had already counted; nothing goes backwards
     victim = worker_pids(gw)[0]
-    os.kill(victim, signal.SIGKILL)
+    kill_and_wait_gone(victim)
     wait_for(lambda: worker_pids(gw), lambda pids: len(pids) == 2 and victim not in pids, timeout=60,
              what="a replacement worker")
     for messages in REQUESTS[12:18]:
@@ -160,7 +158,7 @@ def test_a_killed_workers_share_of_the_comparison_stays(emulators: Emulators, ga
     tokens = next(b for b in before["backends"] if b["name"] == "v")["output_tokens"]
     assert total(scrape(gw.url + "/metrics"), "gateway_requests_total") == 40
     victim = max(served, key=lambda pid: served[pid])  # the one that served more
-    os.kill(victim, signal.SIGKILL)
+    kill_and_wait_gone(victim)
     wait_for(lambda: worker_pids(gw), lambda pids: len(pids) == 2 and victim not in pids, timeout=60,
              what="a replacement worker")
     for window in (300, 3600):
