@@ -22,7 +22,8 @@ DEMO_SPEED = 1.0
 # Prefill/decode pairs (`backends/emulator/fleet.py` DEMO_PD_FLEET): vLLM (NixlConnector roles),
 # SGLang (bootstrap rendezvous) and trtllm-serve (context/generation), one route each (a pair speaks
 # one runtime's protocol); `when: auto` splits the prompts with at least DEMO_PD_MIN_UNCACHED
-# uncached tokens on the decode. The embedded demo lets the SGLang prefill pick a free bootstrap port.
+# uncached tokens on the decode; SGLang's pair splits them all (`always`: a decode-mode SGLang server
+# serves no request whole). The embedded demo lets the SGLang prefill pick a free bootstrap port.
 DEMO_PD_ROUTES = {Runtime.VLLM: DEMO_PD_MODEL, Runtime.SGLANG: f"{DEMO_PD_MODEL}-sglang",
                   Runtime.TRTLLM: f"{DEMO_PD_MODEL}-trtllm"}
 DEMO_PD_MIN_UNCACHED = 512
@@ -97,7 +98,8 @@ async def start_demo(*, host: str = "127.0.0.1", speed: float = DEMO_SPEED, base
                  "backends": [s.name for s in DEMO_EMBEDDING_FLEET]},
                 *({"model": model, "backends": [s.name for s in DEMO_PD_FLEET if s.runtime is runtime],
                    "policy": "least_load",
-                   "disaggregation": {"when": "auto", "min_uncached_tokens": DEMO_PD_MIN_UNCACHED}}
+                   "disaggregation": {"when": "always"} if runtime is Runtime.SGLANG else
+                   {"when": "auto", "min_uncached_tokens": DEMO_PD_MIN_UNCACHED}}
                   for runtime, model in DEMO_PD_ROUTES.items()),
             ],
             "health": {"interval_s": 1.0},

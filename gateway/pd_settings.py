@@ -150,9 +150,14 @@ def _check_scope(where: str, kind: str, names: list[str], members: list[_Named],
         raise ValueError(f"{where}.disaggregation: Triton has no disaggregated serving")
     if spec.handoff == "storage" and runtimes != [Runtime.VLLM.value]:
         raise ValueError(f"{where}.disaggregation.handoff: `storage` is vLLM's (a shared-storage KV connector)")
+    any_role = {m.name for m in members if getattr(m, "kind", None) == "kubernetes"}
+    if spec.when != "always" and runtimes == [Runtime.SGLANG.value] and not any_role \
+            and not any(m.role == "both" for m in members):
+        raise ValueError(f"{where}.disaggregation.when: `{spec.when}` keeps requests whole, and a decode-mode "
+                         "SGLang server refuses a request without a bootstrap room: add a `role: both` server "
+                         "(SGLang's `--disaggregation-mode null`) or give `when: always`")
     if spec.when == "never":
         return
-    any_role = {m.name for m in members if getattr(m, "kind", None) == "kubernetes"}
     prefill = {m.name for m in members if m.role in PREFILL_ROLES} | any_role
     decode = {m.name for m in members if m.role in DECODE_ROLES} | any_role
     if not prefill:

@@ -25,6 +25,7 @@ Labels are config names only. Every family adds up over workers (`Merge.SUM`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -56,6 +57,9 @@ class PairRecord:
     # answer was the whole answer)
     handoff: str = "ok"
     task: asyncio.Future[None] | None = None  # a prefill leg running beside the decode's (SGLang)
+    # with `task`: when that prefill failed, sets the exchange up for the next decode attempt and
+    # says where to send it (another pair, or the request whole)
+    again: Callable[[], list[str]] | None = None
 
     @property
     def remote(self) -> str | None:

@@ -19,7 +19,12 @@ The prefill leg's rules:
   compute) is retried on another prefill server, up to `retries.max_attempts` legs; with none left
   the decode serves the request alone (it computes its own prefill; the pair's outcome says so);
 - an answer without usable `kv_transfer_params` where the route's `handoff` is `params` is a failed
-  handoff (counted, the leg's outcome `no_params`); the decode gets the client's body as is.
+  handoff (counted, the leg's outcome `no_params`); the decode gets the client's body as is;
+- SGLang's prefill runs beside its decode, which waits for the KV (up to SGLang's waiting timeout,
+  300 s by default): when the prefill fails first, the decode leg is abandoned (it computed
+  nothing) and the pair is tried again with another prefill in a new room; with none left, the
+  request is served whole by the route's `both` servers (a decode-mode SGLang server refuses a
+  request without a room), else the client gets a 502 at once (`Pairs.decode`).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from backends.disaggregation import (
 from backends.ranks import pinned
 
 from ..client import UpstreamPool, UpstreamResponse
-from ..errors import BackendError, BackendOverloaded, BackendProtocolError, GatewayError
+from ..errors import BackendError, BackendOverloaded, BackendProtocolError, BadGateway, GatewayError
 from ..observability.pd import PairRecord, PdMetrics
 from ..pd_settings import DECODE_ROLES, Disaggregation, bootstrap_port
 from ..rank_settings import unit_backend
@@ -55,7 +60,7 @@ from ..routing.disaggregation import PairPlan, plan, prefill_again
 from ..settings import Timeouts
 from ..state.pool import Pool
 from .accounting import Accounting
-from .attempts import Opened, map_client_errors
+from .attempts import Opened, map_client_errors, no_healthy_backend
 from .deadlines import Deadlines
 from .exchange import Exchange, new_request_id
 from .request import ParsedRequest
@@ -64,6 +69,7 @@ from .routes import RouteState
 log = logging.getLogger(__name__)
 
 SPLITTABLE: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
+WHOLE_ONLY: Final = "whole"  # the planning role of an SGLang `both` (null-mode) server: neither leg
 PROTOCOLS: Final = frozenset({Runtime.VLLM, Runtime.SGLANG, Runtime.TRTLLM})
 
 
@@ -104,17 +110,25 @@ class Pairs:
     async def prepare(self, route: RouteState, ex: Exchange, spec: Disaggregation,
                       candidates: list[str]) -> list[str] | Opened:
         """The candidates of the request's answering attempt (the decode leg), after its prefill leg
-        when it is split; or the answer itself, when trtllm's context leg already finished it.
-        Raises nothing of its own: a failed prefill falls back to the decode."""
+        when it is split; or the answer itself, when trtllm's context leg already finished it. A
+        failed prefill falls back to the decode; the one error of its own is the 503 of an SGLang
+        route whose decode servers are left without any prefill (they cannot serve a request whole)."""
         pool = self._pool
         names = pool.expand(candidates)
         roles: dict[str, str] = {n: pool[n].config.role for n in names}
+        if names and pool[names[0]].runtime == Runtime.SGLANG.value:  # (one runtime per disaggregated route)
+            # SGLang's modes are exclusive: a decode-mode server refuses a request without a room,
+            # a null-mode one (`both`) ignores the room: it serves requests whole and never pairs
+            whole_pool = [n for n in names if roles[n] == "both"]
+            roles = {n: WHOLE_ONLY if r == "both" else r for n, r in roles.items()}
+        else:
+            whole_pool = [n for n in names if roles[n] in DECODE_ROLES]
         snapshot = self._routing.snapshot(pool.snapshot(names))
         req = RouteRequest(route.config.model, next(route.seq), frozenset(), ex.features)
         chosen = plan(req, snapshot, roles, spec, self._rng)
         decode_pool = [n for n in names if roles[n] in DECODE_ROLES]
         if chosen is None:
-            return decode_pool  # no healthy decode: the attempts say why
+            return whole_pool or decode_pool  # no healthy decode: the attempts say why
         decode_backend = next(v.backend for v in snapshot.backends if v.name == chosen.decode.backend)
         runtime = Runtime(pool[decode_backend].runtime)
         split = chosen.split and runtime in PROTOCOLS
@@ -123,13 +137,19 @@ class Pairs:
             self._metrics.decision(route.config.model, "split" if split else "whole", reason)
         ex.topology = "split" if split else "whole"
         if not split:
-            return decode_pool
+            if not whole_pool:  # SGLang decode servers alone (`when: always`), and no prefill could pair
+                raise no_healthy_backend(pool, f"No prefill server of `{route.config.model}` can take the "
+                                         "prefill leg (SGLang decode servers refuse a request without one)",
+                                         [n for n in names if roles[n] == "prefill"], self._clock(), retry_after_s=1)
+            return whole_pool
         record = ex.pair = PairRecord(chosen.reason)
         parsed = ex.parsed
         assert parsed is not None
         request = parsed.request
         if runtime is Runtime.SGLANG:  # both legs at once: the prefill's runs beside the attempts
-            body = self._sglang(route, ex, chosen, record)
+            assert chosen.prefill is not None
+            body = self._sglang(route, ex, request.body, chosen.prefill, record)
+            record.again = self._sglang_again(route, ex, parsed, chosen, roles, whole_pool, decode_backend)
         else:
             params = await self._prefill(route, ex, spec, chosen, roles, decode_backend, record, runtime)
             if isinstance(params, Opened):
@@ -145,19 +165,55 @@ class Pairs:
         # leg (429/503, no connection: it did no work) may be replaced by another of the pool
         return [decode_backend, *(n for n in decode_pool if n not in (decode_backend, record.prefill))]
 
-    def _sglang(self, route: RouteState, ex: Exchange, chosen: PairPlan, record: PairRecord) -> dict[str, Any]:
-        """Start the prefill leg (drained in a task, `settle` ends it); the decode leg's body."""
-        assert chosen.prefill is not None
-        assert ex.parsed is not None
-        unit = chosen.prefill.backend
+    def _sglang(self, route: RouteState, ex: Exchange, client: dict[str, Any], prefill: Decision,
+                record: PairRecord) -> dict[str, Any]:
+        """Start the prefill leg of the client's body on `prefill`, in a new room (drained in a task,
+        `settle` ends it); the decode leg's body."""
+        unit = prefill.backend
         view = next(v for v in self._pool.snapshot([unit_backend(unit)]).backends if v.name == unit)
         config = self._pool[view.backend].config
         wide = config.data_parallel_size > 1
         room = sglang_room(self._rng.getrandbits(63), view.rank if wide else None, config.data_parallel_size)
-        prefill, decode = sglang_bodies(ex.parsed.request.body, host=config.url.host or "", port=bootstrap_port(config),
-                                        room=room, prefill_rank=view.rank if wide else None)
-        record.task = asyncio.ensure_future(self._drain(route.config.model, ex, view, prefill, record))
+        leg, decode = sglang_bodies(client, host=config.url.host or "", port=bootstrap_port(config),
+                                    room=room, prefill_rank=view.rank if wide else None)
+        record.task = asyncio.ensure_future(self._drain(route.config.model, ex, view, leg, record))
         return decode
+
+    def _sglang_again(self, route: RouteState, ex: Exchange, client: ParsedRequest, chosen: PairPlan,
+                      roles: dict[str, str], whole: list[str], decode_backend: str) -> Callable[[], list[str]]:
+        """What `decode` does when an SGLang prefill failed: the pair again with another prefill in
+        a new room, up to `retries.max_attempts` prefills (the same decode: its abandoned leg did
+        nothing); then the request whole on the route's `both` servers (a decode-mode SGLang server
+        refuses a request without a room); with none, the client's 502."""
+        assert chosen.prefill is not None
+        tried = {unit_backend(chosen.prefill.backend)}
+        model = route.config.model
+
+        def again() -> list[str]:
+            record = ex.pair
+            assert record is not None
+            ex.tried.discard(decode_backend)
+            if len(tried) < self._max_attempts:
+                names = self._pool.expand(route.config.candidates)
+                snapshot = self._routing.snapshot(self._pool.snapshot(names))
+                req = RouteRequest(model, next(route.seq), frozenset(tried), ex.features)
+                decision = prefill_again(req, snapshot, roles, decode_backend, self._rng)
+                if decision is not None:
+                    tried.add(unit_backend(decision.backend))
+                    record.handoff, ex.planned = "ok", chosen.decode.backend
+                    body = self._sglang(route, ex, client.request.body, decision, record)
+                    r = client.request
+                    ex.parsed = ParsedRequest(client.model, ClientRequest(r.endpoint, body, r.stream, r.include_usage,
+                                                                          r.created))
+                    return [decode_backend]
+            record.task = record.again = None
+            ex.parsed = client
+            if not whole:
+                raise BadGateway(f"The prefill leg failed on {', '.join(sorted(tried))} and no server of the route "
+                                 f"`{model}` serves a request without one (SGLang decode servers need a prefill).")
+            return whole
+
+        return again
 
     async def _drain(self, model: str, ex: Exchange, view: BackendView, body: dict[str, Any],
                      record: PairRecord) -> None:
@@ -173,6 +229,32 @@ class Pairs:
         record.prefill, record.prefill_s, record.prefill_ended_at = view.backend, ended - started, ended
         if self._metrics is not None:
             self._metrics.leg(model, "prefill", view.backend, "ok", ended - started)
+
+    async def decode(self, ex: Exchange, open_leg: Callable[[list[str]], Awaitable[Opened]],
+                     candidates: list[str]) -> Opened:
+        """The decode leg's attempt (`open_leg(candidates)`). SGLang's runs beside its prefill: when
+        the prefill fails before the decode has answered, the decode waits for a KV that never comes
+        (SGLang's waiting timeout: 300 s by default). It is abandoned then (the connection closed:
+        SGLang aborts a request whose client left; without the KV it had computed nothing) and the
+        pair is tried again (`_sglang_again`): another prefill, else the request whole, where the
+        pair's outcome is `prefill_failed` as for a vLLM or trtllm pair left without a prefill."""
+        record = ex.pair
+        while record is not None and record.task is not None and record.again is not None:
+            leg = asyncio.ensure_future(open_leg(candidates))
+            either: list[asyncio.Future[Any]] = [leg, record.task]
+            try:
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # the client left: the leg goes with it
+                leg.cancel()
+                raise
+            if leg.done() or record.handoff != "prefill_failed":
+                return await leg
+            leg.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leg  # (cancelled: its attempt closed the connection and released its ticket)
+            log.info("request %s: the SGLang prefill failed; its decode leg is abandoned", ex.request_id)
+            candidates = record.again()
+        return await open_leg(candidates)
 
     async def around(self, ex: Exchange, answering: Awaitable[None]) -> None:
         """`answering` (the decode leg and the client's response), then `settle`, however it ended.

@@ -192,7 +192,12 @@ class Proxy:
     async def _answer(self, route: RouteState, ex: Exchange, candidates: list[str], answered: Opened | None,
                       sink: ResponseSink) -> None:
         assert ex.parsed is not None
-        opened = answered if answered is not None else await self._attempts.open(route, ex, candidates)
+        if answered is not None:
+            opened = answered
+        elif ex.pair is not None:
+            opened = await self._pairs.decode(ex, lambda names: self._attempts.open(route, ex, names), candidates)
+        else:
+            opened = await self._attempts.open(route, ex, candidates)
         # No `await` in a `finally` or `except` of a compiled module: mypyc (2.4) then leaves the
         # exception set, and a later request of the connection raises it (tests/unit/test_native_rules.py).
         try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -238,6 +239,78 @@ def test_sglang_sends_both_legs_at_once_and_answers_from_the_decode(emulators: E
     assert p.ctx.stats.kv_produced == 1
     assert d.ctx.stats.kv_pulled == 1  # the rendezvous met: the decode computed no prefill of its own
     assert d.ctx.stats.pd_failed == 0
+
+
+def sglang_fleet(emulators: Emulators, *, prefills: int, both: bool = False) -> tuple[
+        list[RunningEmulator], RunningEmulator, list[RunningEmulator], list[dict[str, Any]]]:
+    """SGLang prefills (the first fails its first leg with a 500), one decode (SGLang's default
+    300 s waiting timeout for the KV), and maybe a server in null mode (role both)."""
+    ps = [emulators.start("sglang", disagg=DisaggConfig(role="prefill", bootstrap_port=0),
+                          **({"fail_first": 1, "fail_status": 500} if i == 0 else {})) for i in range(prefills)]
+    d = emulators.start("sglang", disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry(f"sp{i}", p, "sglang", role="prefill", bootstrap_port=p.bootstrap_port)
+                for i, p in enumerate(ps)]
+    backends.append(backend_entry("sd", d, "sglang", role="decode"))
+    whole = [emulators.start("sglang")] if both else []
+    backends += [backend_entry("sb", w, "sglang") for w in whole]
+    return ps, d, whole, backends
+
+
+def test_a_failed_sglang_prefill_is_retried_in_a_new_room_without_waiting_for_the_decode(
+        emulators: Emulators, gateway: Gateway) -> None:
+    """SGLang's decode waits for the KV of its room (300 s by default): when the prefill fails
+    first, the gateway abandons the decode leg (it computed nothing) and runs the pair again with
+    the other prefill, in a new room; the client never waits for SGLang's timeout (the SDK's 20 s
+    would fail this)."""
+    (bad, good), d, _, backends = sglang_fleet(emulators, prefills=2)
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    client = gw.client().with_options(timeout=20, max_retries=0)
+    sent = 0
+    while bad.ctx.stats.failed_injected == 0:  # new prefixes, until prefix affinity picks the bad one (1/2 each)
+        assert sent < 16
+        prompt = f"conversation {sent}: " + "tell me about the sea " * 200
+        usage = client.chat.completions.create(model="moe", messages=[{"role": "user", "content": prompt}],
+                                               max_tokens=3).usage
+        assert usage is not None
+        assert usage.completion_tokens == 3
+        sent += 1
+    eventually(lambda: good.ctx.stats.kv_produced + bad.ctx.stats.kv_produced == sent
+               and d.ctx.stats.kv_pulled == sent)
+    assert served(d) == sent  # the abandoned leg never completed: the decode served each request once
+    assert bad.ctx.stats.failed_injected == 1
+    assert gw.metric("gateway_pd_legs_total", role="prefill", backend="sp0", outcome="BackendProtocolError") == 1
+    assert gw.metric("gateway_pd_requests_total", prefill="sp1", decode="sd", outcome="ok") >= 1
+    assert gw.metric("gateway_pd_requests_total", outcome="ok") == sent
+    assert gw.metric("gateway_requests_total", backend="sd", status="200") == sent
+    assert gw.metric("gateway_backend_ejections_total", backend="sd") == 0
+
+
+def test_with_no_sglang_prefill_left_a_both_server_serves_it_whole(emulators: Emulators, gateway: Gateway) -> None:
+    (bad,), d, (whole,), backends = sglang_fleet(emulators, prefills=1, both=True)
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    raw = gw.client().with_options(timeout=20, max_retries=0).chat.completions.with_raw_response.create(
+        model="moe", messages=LONG, max_tokens=2)
+    assert raw.parse().choices[0].message.content
+    assert raw.headers["x-gateway-backend"] == "sb"
+    assert bad.ctx.stats.failed_injected == 1
+    assert served(whole) == 1
+    assert served(d) == 0
+    assert gw.metric("gateway_pd_requests_total", prefill="none", decode="sb", outcome="prefill_failed") == 1
+
+
+def test_with_no_sglang_prefill_left_and_no_both_server_the_client_gets_a_502_at_once(
+        emulators: Emulators, gateway: Gateway) -> None:
+    (bad,), d, _, backends = sglang_fleet(emulators, prefills=1)
+    gw = gateway(backends, routes=pd_route(backends, when="always"))
+    with pytest.raises(openai.InternalServerError) as failed:
+        gw.client().with_options(timeout=20, max_retries=0).chat.completions.create(
+            model="moe", messages=LONG, max_tokens=2)
+    assert failed.value.status_code == 502
+    assert "sp0" in failed.value.message
+    assert "without one" in failed.value.message
+    assert bad.ctx.stats.failed_injected == 1
+    assert served(d) == 0
+    assert gw.metric("gateway_requests_total", backend="sd", status="200") == 0
 
 
 def test_trtllm_context_then_generation(emulators: Emulators, gateway: Gateway) -> None:

@@ -62,6 +62,10 @@ def test_sglang_prefill_takes_a_bootstrap_port() -> None:
      "only SGLang prefill servers"),
     (doc(backend("p", "prefill", "sglang"), backend("d", "decode", "sglang", bootstrap_port=8998),
          disaggregation={}), "a decode backend has no bootstrap server"),
+    (doc(backend("p", "prefill", "sglang"), backend("d", "decode", "sglang"), disaggregation={"when": "auto"}),
+     "decode-mode SGLang server refuses a request without a bootstrap room"),
+    (doc(backend("p", "prefill", "sglang"), backend("d", "decode", "sglang"), disaggregation={"when": "never"}),
+     "add a `role: both` server"),
 ])
 def test_bad_disaggregation_configs_fail_naming_the_problem(config: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
@@ -124,3 +128,10 @@ def test_ab_arms_may_be_topologies() -> None:
     bad = [{**arms[0]}, {**arms[1], "disaggregation": None}]  # the pd arm without a section: its prefill is idle
     with pytest.raises(ConfigError, match=r"routes\.0\.split\.arms\.1\.backends: \['p'\] have `role: prefill`"):
         parse_settings({"backends": backends, "routes": [{"model": "m", "split": {"arms": bad}}]})
+
+
+def test_an_sglang_route_keeps_requests_whole_only_with_a_null_mode_server() -> None:
+    s = parse_settings(doc(backend("p", "prefill", "sglang"), backend("d", "decode", "sglang"),
+                           backend("n", "both", "sglang"), disaggregation={"when": "auto"}))
+    assert s.routes[0].disaggregation is not None
+    assert s.routes[0].disaggregation.when == "auto"
