@@ -9,6 +9,7 @@ decode, with the legs and pairs in their own families.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,47 @@ def test_sglang_sends_both_legs_at_once_and_answers_from_the_decode(emulators: E
     assert p.ctx.stats.kv_produced == 1
     assert d.ctx.stats.kv_pulled == 1  # the rendezvous met: the decode computed no prefill of its own
     assert d.ctx.stats.pd_failed == 0
+
+
+def test_the_decode_leg_goes_to_the_rank_its_pair_was_planned_with(emulators: Emulators, gateway: Gateway) -> None:
+    """A wide decode server (3 DP ranks) one of whose ranks carries a long stream (of another
+    route): the plan picks an idle rank by decode load for every split request, and each decode leg
+    goes there, never where the route's own policy (round robin over the ranks) would send it."""
+    p = emulators.start("vllm", disagg=DisaggConfig(role="prefill"))
+    wide = emulators.start("vllm", data_parallel_size=3, speed=2.0, disagg=DisaggConfig(role="decode"))
+    backends = [backend_entry("p0", p, "vllm", role="prefill"),
+                backend_entry("wide", wide, "vllm", role="decode", data_parallel_size=3)]
+    routes = [{"model": "moe", "backends": ["p0", "wide"], "policy": "round_robin",
+               "disaggregation": {"when": "always"}},
+              {"model": "plain", "backends": ["wide"], "policy": "least_load"}]
+    gw = gateway(backends, routes=routes)
+    opened = threading.Event()
+    busy: list[str] = []
+
+    def long_stream() -> None:
+        try:
+            with gw.client().chat.completions.with_streaming_response.create(
+                    model="plain", messages=SHORT, max_tokens=400, stream=True) as resp:
+                busy.append(resp.headers["x-gateway-data-parallel-rank"])
+                opened.set()
+                for _ in resp.iter_lines():
+                    pass
+        finally:
+            opened.set()
+
+    holder = threading.Thread(target=long_stream, daemon=True)
+    holder.start()
+    assert opened.wait(20)
+    [loaded] = busy
+    eventually(lambda: gw.metric("gateway_rank_in_flight", backend="wide", rank=loaded) == 1)
+    client = gw.client()
+    ranks = [int(client.chat.completions.with_raw_response.create(model="moe", messages=LONG, max_tokens=2)
+                 .headers["x-gateway-data-parallel-rank"]) for _ in range(6)]
+    assert int(loaded) not in ranks, ranks  # round robin over 3 ranks would have sent 2 of 6 there
+    assert wide.served_by_rank()[int(loaded)] == 1  # the stream alone
+    assert sum(wide.served_by_rank()) == 7
+    assert gw.metric("gateway_pd_requests_total", prefill="p0", outcome="ok") == 6
+    holder.join(60)
 
 
 def sglang_fleet(emulators: Emulators, *, prefills: int, both: bool = False) -> tuple[
