@@ -288,7 +288,7 @@ def sglang_fleet(emulators: Emulators, *, prefills: int, both: bool = False) -> 
     """SGLang prefills (the first fails its first leg with a 500), one decode (SGLang's default
     300 s waiting timeout for the KV), and maybe a server in null mode (role both)."""
     ps = [emulators.start("sglang", disagg=DisaggConfig(role="prefill", bootstrap_port=0),
-                          **({"fail_first": 1, "fail_status": 500} if i == 0 else {})) for i in range(prefills)]
+                          fail_first=1 if i == 0 else 0, fail_status=500) for i in range(prefills)]
     d = emulators.start("sglang", disagg=DisaggConfig(role="decode"))
     backends = [backend_entry(f"sp{i}", p, "sglang", role="prefill", bootstrap_port=p.bootstrap_port)
                 for i, p in enumerate(ps)]
