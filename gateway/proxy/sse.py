@@ -9,10 +9,11 @@ client used, and normalise error events to OpenAI's nested shape.
 Why it is cheap: a stream's ordinary token events all begin with the same bytes (id, object, created,
 model, `"choices":[{"index":0,"delta":{"content":"`), so once the first token event has been parsed
 that prefix is known, and a read holding one such event with non-empty text is recognised with three
-byte comparisons, no JSON. A read holding many events (a whole short answer in one write) skips
-each run of consecutive ordinary events with a handful of byte searches over the run, whatever its
-length, instead of a search per event. Everything else (the role chunk, finish and usage chunks,
-errors, `[DONE]`, several choices, other runtimes' shapes) takes the general path, which parses the event.
+byte comparisons, no JSON. A read holding many events (a whole short answer in one write) is
+walked an event at a time: an ordinary one costs one search for its end and two comparisons (and,
+when the model is renamed, the client's prefix in place of its own). Everything else (the role
+chunk, finish and usage chunks, errors, `[DONE]`, several choices, other runtimes' shapes) takes
+the general path, which parses the event (and renames the model in it).
 
 Framing follows the SSE standard: lines end with CRLF, LF or CR. A stream whose first line end holds a
 CR is normalised to LF for its whole length (the runtimes we know send LF). `data:[DONE]` without the
@@ -156,8 +157,6 @@ class SseRelay(StreamRelay):
         self._prefix: bytes | None = None  # how this stream's ordinary token events begin
         self._client_prefix: bytes | None = None  # the same, as the client gets it (model renamed)
         self._suffix = b""  # how they end, after the text (learned with the prefix)
-        self._next_prefix = b""  # an event boundary followed by the prefix: where the next token event starts
-        self._empty = b""  # the prefix of an event with empty text (not a token: the general path reads it)
         self._swap: tuple[bytes, bytes] | None = None
         if backend_model != client_model:
             self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
@@ -193,37 +192,53 @@ class SseRelay(StreamRelay):
             return b""
         self._keep(buf[end + 2:])
         # Walk the complete events in place: ordinary token events are recognised by their prefix and
-        # stay where they are; only events that change (usage dropped, errors normalised) are cut out.
+        # stay where they are; only events that change (usage dropped, errors normalised, the model
+        # renamed) are cut out. A renamed stream's ordinary events get the client's prefix (the model
+        # lies in it: `_learn`), the others are renamed one by one: no search of the whole read. (One
+        # search per event: counting the events of a run with a few searches over it, tried before,
+        # cost more, since searching for a long pattern or counting one byte is slow in CPython.)
         parts: list[bytes] | None = None  # the output in pieces, once anything differs from the input
         copied = 0  # buf[:copied] is in `parts`
         tokens = 0
         pos = 0
         stop = end + 2
         plen = len(prefix) if prefix is not None else 0
-        runs = True
+        suffix = self._suffix
+        slen = len(suffix)
+        swap = self._swap
+        client = self._client_prefix
         while pos < stop:
             if buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
                 pos += 1
                 continue
-            if prefix is not None and buf[pos:pos + plen] == prefix and buf[pos + plen] != 34:
-                # an ordinary token event (the prefix holds no line end, so it lies within the event)
-                if runs:
-                    run = self._run(buf, pos, stop)
-                    if run is not None:
-                        tokens += run[0]
-                        pos = run[1]
-                        continue
-                    runs = False  # at most one failed attempt a read: the walk stays linear
+            if prefix is not None and buf[pos:pos + plen] == prefix:
+                nxt = buf.find(b"\n\n", pos + plen)  # (the prefix holds no line end)
+                tail = nxt + 2 - slen  # where the suffix of an ordinary event would start
+                ordinary = pos + plen < tail <= pos + plen + MAX_TOKEN_TEXT and buf[pos + plen] != 34 \
+                    and buf[tail:nxt + 2] == suffix
+            else:
+                nxt = buf.find(b"\n\n", pos)
+                ordinary = False
+            if ordinary:
+                # an ordinary token event: the learned prefix and suffix around a short text (too
+                # short to hold a line end and a second data line, as in the one-event read above)
                 tokens += 1
-                pos = buf.find(b"\n\n", pos) + 2
+                if client is not None:
+                    if parts is None:
+                        parts = []
+                    parts.append(buf[copied:pos])
+                    parts.append(client)
+                    copied = pos + plen
+                pos = nxt + 2
                 continue
-            nxt = buf.find(b"\n\n", pos)
             event = buf[pos:nxt]
             kept, is_token = self._event(event)
             if is_token:
                 tokens += 1
-                prefix = self._prefix
-                plen = len(prefix) if prefix is not None else 0
+                prefix, client, suffix = self._prefix, self._client_prefix, self._suffix
+                plen, slen = len(prefix) if prefix is not None else 0, len(suffix)
+            if swap is not None and kept is not None:
+                kept = kept.replace(swap[0], swap[1])
             if kept is not event:
                 if parts is None:
                     parts = []
@@ -235,12 +250,9 @@ class SseRelay(StreamRelay):
         if tokens:
             self._tokens(tokens, now)
         if parts is None:
-            out = buf[:stop] if stop < len(buf) else buf
-        else:
-            parts.append(buf[copied:stop])
-            out = b"".join(parts)
-        swap = self._swap
-        return out.replace(swap[0], swap[1]) if swap is not None and out else out
+            return buf[:stop] if stop < len(buf) else buf
+        parts.append(buf[copied:stop])
+        return b"".join(parts)
 
     def close(self, now: float) -> bytes:
         """The end of the upstream stream: a last event that lacked its blank line is still relayed."""
@@ -255,27 +267,6 @@ class SseRelay(StreamRelay):
         return self.feed(rest, now)
 
     # -- internals --------------------------------------------------------------------------------
-
-    def _run(self, buf: bytes, pos: int, stop: int) -> tuple[int, int] | None:
-        """The run of ordinary token events from `pos` (one starts there) to the last one before
-        `stop`: (its events, where it ends), or None if anything else lies within it.
-
-        Three counts over the run, not a search per event: `k` events start with the prefix (the
-        one at `pos` and every boundary followed by it; JSON escapes line ends, so the prefix cannot
-        follow a boundary inside an event), and the run holds exactly `2k` line ends. Every event
-        takes at least two (its line's and the blank line), so there is no other event, no second
-        data line and no extra blank line. An event with empty text (`_empty`) is not a token:
-        then None too, and the per-event walk takes over. (Counting the two-byte boundaries
-        themselves costs more than the three counts together.)"""
-        nxt = self._next_prefix
-        last = buf.rfind(nxt, pos, stop)
-        if last < 0:
-            return None
-        end = buf.find(b"\n\n", last + 2, stop) + 2
-        events = buf.count(nxt, pos, end) + 1
-        if buf.count(b"\n", pos, end) != 2 * events or buf.count(self._empty, pos, end):
-            return None
-        return events, end
 
     def _keep(self, rest: bytes) -> None:
         if len(rest) > MAX_EVENT_BYTES:
@@ -335,14 +326,11 @@ class SseRelay(StreamRelay):
                 end = _string_end(event, start)
                 if end < 0:
                     return
-                prefix = event[:start]
+                prefix, suffix = event[:start], event[end:] + b"\n\n"
                 swap = self._swap
                 if swap is not None:
-                    if swap[0] not in prefix:
-                        return  # no fast path for this stream: the general path renames everywhere
+                    if swap[0] not in prefix or swap[0] in suffix:
+                        return  # no fast path for this stream: the general path renames every event
                     self._client_prefix = prefix.replace(swap[0], swap[1], 1)
-                self._prefix = prefix
-                self._next_prefix = b"\n\n" + prefix
-                self._empty = prefix + b'"'
-                self._suffix = event[end:] + b"\n\n"
+                self._prefix, self._suffix = prefix, suffix
                 return

@@ -147,9 +147,10 @@ def test_a_model_field_after_the_text_is_still_renamed_on_every_event() -> None:
 
 
 def test_runs_of_token_events_in_one_read_count_as_the_event_by_event_walk() -> None:
-    """A read of many events skips runs of ordinary token events with a few searches; whatever lies
-    between them (empty text, extra blank lines, role, finish, usage, comments, a second data line)
-    must give the same output and the same token count as feeding one event a read."""
+    """A read of many events walks them with the learned prefix (and renames the model by swapping
+    the prefix); whatever lies between ordinary token events (empty text, extra blank lines, role,
+    finish, usage, comments, a second data line) must give the same output and the same token count
+    as feeding one event a read, and, when nothing is dropped, the input with the model renamed."""
     kinds = [TOK, TOK, TOK, HEAD + b'"choices":[{"index":0,"delta":{"content":""}}]}\n\n', ROLE, USAGE,
              HEAD + b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n', b": keep-alive\n\n",
              b"\n", TOK[:-1] + TOK, HEAD + b'"choices":[{"index":0,"delta":{"content":"\\n\\n"}}]}\n\n']
@@ -163,3 +164,5 @@ def test_runs_of_token_events_in_one_read_count_as_the_event_by_event_walk() -> 
         whole = TOK.replace(b"tiny-moe", b"m") + other.feed(b"".join(body[1:]), 1.0) + other.close(99.0)
         assert whole == split, body
         assert other.stats.tokens == one.stats.tokens, body
+        if trial % 2 == 0:  # the usage chunk kept: nothing differs from the input but the model
+            assert split == b"".join(body).replace(b'"model":"tiny-moe"', b'"model":"m"'), body
