@@ -17,9 +17,9 @@ A `prefill` backend runs only first legs, a `decode` backend second legs and who
 requests, a `both` backend any of them; except on SGLang, whose modes are exclusive: a decode-mode
 server refuses a request without a bootstrap room and a null-mode one (`both`) ignores the room, so
 SGLang `prefill` and `decode` backends only pair and a `both` one only serves requests whole (a
-route that keeps some whole, `when: auto|never`, needs one). A disaggregated route's requests are served by one runtime's
-protocol (vLLM's kv_transfer_params, SGLang's bootstrap rendezvous, trtllm-serve's context and
-generation legs), so its backends share a runtime; Triton has none.
+route that keeps some whole, `when: auto|never`, needs one). A disaggregated route's requests are
+served by one runtime's protocol (vLLM's kv_transfer_params, SGLang's bootstrap rendezvous,
+trtllm-serve's context and generation legs), so its backends share a runtime; Triton has none.
 
 Imports nothing of the gateway, so `settings` and `discovery.config` can both use it.
 """
