@@ -36,7 +36,6 @@ take the ring slot of a current one).
 from __future__ import annotations
 
 import random
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,12 +164,12 @@ def _merged_reservoir(parts: Sequence[list[Any]], rng: random.Random) -> Reservo
     merged = Reservoir(max(kept, 1))
     exact = all(seen == len(values) for seen, values in parts)  # nobody overflowed: the exact samples
     if exact or len(parts) == 1:  # (or one source: its sample and its weight as they are)
-        merged.values = array("d", [v for _, values in parts for v in values])
+        merged.values = [v for _, values in parts for v in values]
         merged.seen = kept if exact else int(parts[0][0])
         return merged
     values = [v for _, vs in parts for v in vs]
     weights = [int(seen) / len(vs) for seen, vs in parts for _ in vs]
-    merged.values = array("d", rng.choices(values, weights, k=kept))
+    merged.values = rng.choices(values, weights, k=kept)
     merged.seen = sum(int(seen) for seen, _ in parts)
     return merged
 
