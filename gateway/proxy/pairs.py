@@ -73,6 +73,12 @@ WHOLE_ONLY: Final = "whole"  # the planning role of an SGLang `both` (null-mode)
 PROTOCOLS: Final = frozenset({Runtime.VLLM, Runtime.SGLANG, Runtime.TRTLLM})
 
 
+def with_body(parsed: ParsedRequest, body: dict[str, Any]) -> ParsedRequest:
+    """The client's request with the decode leg's body in place of its own."""
+    r = parsed.request
+    return ParsedRequest(parsed.model, ClientRequest(r.endpoint, body, r.stream, r.include_usage, r.created))
+
+
 class Refused(BackendError):
     """Leg 1 answered 4xx: the request's doing, not the backend's; the decode will say the same to
     the client, so it is sent there at once (no other prefill is tried)."""
@@ -156,8 +162,7 @@ class Pairs:
                 return params
             body = vllm_decode_body(request.body, params) if runtime is Runtime.VLLM else \
                 trtllm_generation_body(request.body, params)
-        ex.parsed = ParsedRequest(parsed.model, ClientRequest(request.endpoint, body, request.stream,
-                                                              request.include_usage, request.created))
+        ex.parsed = with_body(parsed, body)
         ex.planned = chosen.decode.backend  # the decode unit of the plan (a rank of a wide server, or the server)
         if runtime is Runtime.SGLANG:  # the room is this decode's rendezvous with the running prefill
             return [decode_backend]
@@ -201,10 +206,7 @@ class Pairs:
                 if decision is not None:
                     tried.add(unit_backend(decision.backend))
                     record.handoff, ex.planned = "ok", chosen.decode.backend
-                    body = self._sglang(route, ex, client.request.body, decision, record)
-                    r = client.request
-                    ex.parsed = ParsedRequest(client.model, ClientRequest(r.endpoint, body, r.stream, r.include_usage,
-                                                                          r.created))
+                    ex.parsed = with_body(client, self._sglang(route, ex, client.request.body, decision, record))
                     return [decode_backend]
             record.task = record.again = None
             ex.parsed = client
