@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # C compiler, or when the build fails (outside CI, where it is an error), the gateway runs as pure
 # Python, just slower, and says so.
 NATIVE_STAMP := $(VENV)/.native
-SOURCES      := setup.py $(wildcard gateway/*.py gateway/*/*.py gateway/*/*/*.py backends/*.py)
+SOURCES      := setup.py $(wildcard gateway/*.py gateway/*/*.py gateway/*/*/*.py gateway/*/*.c backends/*.py)
 
 $(NATIVE_STAMP): $(STAMP) $(SOURCES)
 	@find gateway backends -name '*.so' -delete; rm -rf build && mkdir build

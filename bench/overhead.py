@@ -4,7 +4,7 @@ costs over a direct call and over its peers, measured side by side in one run (i
 The load is issue 13's: a 1.2 KB chat request carrying a ~1 KB system prompt (bench/chat_bodies.py),
 wrk at c=64, the gateway with one vLLM backend and `policy: round_robin`. Three target measurements,
 each over the same set of targets (bench/targets.py: direct, gateway, pure, lean, naive and, with
-`--peers`, vllm-router and sglang-router at pinned versions):
+`--peers`, vllm-router, sglang-router and SMG at pinned versions):
 
 - **a**, non-streaming: nginx serves a canned vLLM chat completion; CPU µs per request.
 - **b**, streaming, 20 SSE data events (+ `[DONE]`) that nginx sends in one write; CPU µs per request.
@@ -82,7 +82,8 @@ QUICK = replace(FULL, rounds=1, duration_s=2, warmup_s=1, ttft_n=50, openloop_fr
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 2 s per point, small rest")
     parser.add_argument("--peers", action="store_true",
-                        help=f"also measure {peers.VLLM_ROUTER.requirement} and {peers.SGLANG_ROUTER.requirement} "
+                        help=f"also measure {peers.VLLM_ROUTER.requirement}, {peers.SGLANG_ROUTER.requirement} and "
+                             f"{peers.SMG.requirement} "
                              "(installed into ~/.cache/igw/peers/; left out with a note when that fails)")
     parser.add_argument("--litellm", action="store_true",
                         help=f"also measure the LiteLLM proxy ({peers.LITELLM.requirement}; ~100x the routers' "
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             f"{plan.streams_n} upstream sockets plus its own ~20 descriptors, so the last few streams may fail "
             "with EMFILE here; run with `--streams N` below the limit to see the gateway's own behaviour")
     chosen = [p for p, on in ((peers.VLLM_ROUTER, args.peers), (peers.SGLANG_ROUTER, args.peers),
-                              (peers.LITELLM, args.litellm)) if on]
+                              (peers.SMG, args.peers), (peers.LITELLM, args.litellm)) if on]
     started: list[Any] = []
     busy0, t0 = procs.machine_busy_seconds(), time.monotonic()
     try:

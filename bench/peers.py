@@ -47,6 +47,14 @@ def _vllm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
             "--log-level", "warning"]
 
 
+def _smg_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
+    # SMG (the Shepherd Model Gateway, SGLang's router's successor) polls worker loads only for
+    # load-aware policies; round robin, as the others, and no tokenizer (it forwards the body as is).
+    return [str(venv / "bin" / "smg"), "launch", "--worker-urls", upstream, "--host", "127.0.0.1",
+            "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(procs.free_port()),
+            "--log-level", "warn"]
+
+
 def _litellm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
     config = tmp / f"litellm-{port}.yaml"
     config.write_text(
@@ -58,6 +66,7 @@ def _litellm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
 
 VLLM_ROUTER = Peer("vllm-router", "vllm-router", "vllm-router==0.1.17", _vllm_argv)
 SGLANG_ROUTER = Peer("sglang-router", "sglang-router", "sglang-router==0.3.2", _sglang_argv)
+SMG = Peer("smg", "smg", "smg==1.13.0", _smg_argv)
 # ~100x the routers' CPU per request: only with `--litellm`. Pinned to what pip resolves
 # `litellm[proxy]` to here (1.110's proxy extra needs `litellm-proxy`, which PyPI does not have).
 # Without a master key recent LiteLLM refuses to start unless told this is local use (it is).

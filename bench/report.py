@@ -146,7 +146,7 @@ def ratios_table(p: Points, section: str) -> list[str]:
                            f"{'–' if name == 'lean' else fmt(p.marginal_beyond(name, 'lean'), '.2f')} | "
                            f"{' / '.join(fmt(slopes[k], '.2f') for k in sorted(slopes))} |")
         return out
-    dens = [d for d in ("vllm-router", "sglang-router", "baseline", "lean", "naive") if d in names]
+    dens = [d for d in ("vllm-router", "sglang-router", "smg", "baseline", "lean", "naive") if d in names]
     out = ["| CPU per response, ratio | " + " | ".join(f"/ {d}" for d in dens) + " |",
            "|---|" + "---:|" * len(dens)]
     for name in ("gateway", *TRACED, "pure"):

@@ -25,7 +25,7 @@ from bench.procs import Gateway, PyServer
 # Read counts of these are socket reads (uvloop reads with read(2)).
 PYTHON = ("gateway", "trace-1%", "trace-100%", "pure", "baseline", "lean", "naive")
 ORDER = ("direct", "gateway", "trace-1%", "trace-100%", "pure", "baseline", "lean", "naive", "vllm-router",
-         "sglang-router", "litellm")
+         "sglang-router", "smg", "litellm")
 # the gateway with tracing on, exporting to a collector (`bench/otlp_sink.py`): the share of requests sampled
 TRACED = {"trace-1%": 0.01, "trace-100%": 1.0}
 

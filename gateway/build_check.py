@@ -19,13 +19,16 @@ class StaleNativeBuild(ImportError):
 
 
 def _pairs(root: Path) -> list[tuple[Path, Path]]:
-    """(compiled module, its source) under `root`'s packages; the shared library has no source."""
+    """(compiled module, its source: Python for mypyc's, C for a C extension) under `root`'s
+    packages; the shared library has no source."""
     pairs = []
     for package in _PACKAGES:
         for so in (root / package).rglob("*.so"):
-            source = so.with_name(so.name.split(".", 1)[0] + ".py")
-            if source.exists():
-                pairs.append((so, source))
+            stem = so.name.split(".", 1)[0]
+            for source in (so.with_name(stem + ".py"), so.with_name(stem + ".c")):  # mypyc's, or written in C
+                if source.exists():
+                    pairs.append((so, source))
+                    break
     return pairs
 
 
@@ -52,11 +55,17 @@ def check(root: Path = _ROOT) -> None:
         )
 
 
+C_MODULES = ("gateway.proxy._sse_scan",)  # written in C (setup.py's C_EXTENSIONS), the rest by mypyc
+
+
 def describe() -> str:
-    """'native (mypyc): N modules' or 'pure Python', from what was actually imported."""
+    """'native (mypyc): N modules, C: …' or 'pure Python', from what was actually imported."""
     compiled = [
         name for name, module in list(sys.modules.items())
         if name.split(".", 1)[0] in _PACKAGES and not name.endswith("__mypyc")  # (the shared library)
         and (getattr(module, "__file__", None) or "").endswith(".so")
     ]
-    return f"native (mypyc): {len(compiled)} modules" if compiled else "pure Python"
+    if not compiled:
+        return "pure Python"
+    c = [name for name in compiled if name in C_MODULES]
+    return f"native (mypyc): {len(compiled) - len(c)} modules" + (f", C: {', '.join(sorted(c))}" if c else "")

@@ -50,7 +50,7 @@ class ResponsesSseRelay(StreamRelay):
     def feed(self, data: bytes, now: float) -> bytes:
         """The complete events of `buffered + data`, as the client gets them."""
         buf = (self._buf + data) if self._buf else data
-        if b"\r" in buf:
+        if 13 in buf:  # (an int: `bytes in bytes` formats a TypeError first, see sse.SseRelay.feed)
             buf = buf.replace(b"\r\n", b"\n")
         end = buf.rfind(b"\n\n")
         if end < 0:

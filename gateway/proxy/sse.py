@@ -33,6 +33,7 @@ from backends.openai_compat import parse_usage
 
 from .. import json_codec
 from ..observability.outcome import Gaps
+from .sse_scan import ordinary_run
 
 # Final: the compiled build inlines them (a module global is a dict lookup at each use)
 DONE: Final = b"data: [DONE]\n\n"
@@ -165,9 +166,11 @@ class SseRelay(StreamRelay):
     def feed(self, data: bytes, now: float) -> bytes:
         """The complete events of `buffered + data`, as the client gets them."""
         if self._cr is None:  # decided by the first line end the stream sends
-            if b"\r" in data:
+            # (an int, not b"\r": `bytes in bytes` first tries the argument as an int, and formats a
+            # TypeError's message before it falls back to a search)
+            if 13 in data:
                 self._cr = True
-            elif b"\n" in data:
+            elif 10 in data:
                 self._cr = False
         if self._cr:
             data = self._lf(data)
@@ -191,52 +194,39 @@ class SseRelay(StreamRelay):
             self._keep(buf)
             return b""
         self._keep(buf[end + 2:])
-        # Walk the complete events in place: ordinary token events are recognised by their prefix and
-        # stay where they are; only events that change (usage dropped, errors normalised, the model
-        # renamed) are cut out. A renamed stream's ordinary events get the client's prefix (the model
-        # lies in it: `_learn`), the others are renamed one by one: no search of the whole read. (One
-        # search per event: counting the events of a run with a few searches over it, tried before,
-        # cost more, since searching for a long pattern or counting one byte is slow in CPython.)
+        # Walk the complete events in place: runs of ordinary token events (told by the learned prefix
+        # and suffix: `sse_scan`) stay where they are, or get the client's prefix when the model is
+        # renamed (the model lies in it: `_learn`); only events that change (usage dropped, errors
+        # normalised, the model renamed) are cut out, and the others take the general path.
         parts: list[bytes] | None = None  # the output in pieces, once anything differs from the input
         copied = 0  # buf[:copied] is in `parts`
         tokens = 0
         pos = 0
         stop = end + 2
-        plen = len(prefix) if prefix is not None else 0
-        suffix = self._suffix
-        slen = len(suffix)
         swap = self._swap
-        client = self._client_prefix
         while pos < stop:
-            if buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
-                pos += 1
-                continue
-            if prefix is not None and buf[pos:pos + plen] == prefix:
-                nxt = buf.find(b"\n\n", pos + plen)  # (the prefix holds no line end)
-                tail = nxt + 2 - slen  # where the suffix of an ordinary event would start
-                ordinary = pos + plen < tail <= pos + plen + MAX_TOKEN_TEXT and buf[pos + plen] != 34 \
-                    and buf[tail:nxt + 2] == suffix
-            else:
-                nxt = buf.find(b"\n\n", pos)
-                ordinary = False
-            if ordinary:
-                # an ordinary token event: the learned prefix and suffix around a short text (too
-                # short to hold a line end and a second data line, as in the one-event read above)
-                tokens += 1
-                if client is not None:
+            if prefix is not None:
+                run_end, n, renamed = ordinary_run(buf, pos, stop, prefix, self._suffix, self._client_prefix,
+                                                   MAX_TOKEN_TEXT)
+                tokens += n
+                if renamed is not None:
                     if parts is None:
                         parts = []
                     parts.append(buf[copied:pos])
-                    parts.append(client)
-                    copied = pos + plen
-                pos = nxt + 2
+                    parts.append(renamed)
+                    copied = run_end
+                pos = run_end
+                if pos >= stop:
+                    break
+            elif buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
+                pos += 1
                 continue
+            nxt = buf.find(b"\n\n", pos)
             event = buf[pos:nxt]
             kept, is_token = self._event(event)
             if is_token:
                 tokens += 1
-                prefix, client, suffix = self._prefix, self._client_prefix, self._suffix
-                plen, slen = len(prefix) if prefix is not None else 0, len(suffix)
+                prefix = self._prefix
             if swap is not None and kept is not None:
                 kept = kept.replace(swap[0], swap[1])
             if kept is not event:
@@ -329,7 +319,7 @@ class SseRelay(StreamRelay):
                 prefix, suffix = event[:start], event[end:] + b"\n\n"
                 swap = self._swap
                 if swap is not None:
-                    if swap[0] not in prefix or swap[0] in suffix:
+                    if prefix.find(swap[0]) < 0 or suffix.find(swap[0]) >= 0:  # (`in`: see `feed`)
                         return  # no fast path for this stream: the general path renames every event
                     self._client_prefix = prefix.replace(swap[0], swap[1], 1)
                 self._prefix, self._suffix = prefix, suffix
