@@ -138,6 +138,8 @@ class DripProtocol(asyncio.Protocol):
                 self.transport.write(_plain(b"200 OK", b"text/plain; version=0.0.4", METRICS.encode()))
             elif path == b"/v1/models":
                 self.transport.write(_plain(b"200 OK", b"application/json", MODELS))
+            elif path == b"/version":  # (with /v1/models: how SMG tells a vLLM worker)
+                self.transport.write(_plain(b"200 OK", b"application/json", b'{"version":"0.32.0"}'))
             else:
                 self.transport.write(_plain(b"404 Not Found", b"text/plain", b"not found"))
 

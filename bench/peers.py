@@ -48,11 +48,12 @@ def _vllm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
 
 
 def _smg_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:
-    # SMG (the Shepherd Model Gateway, SGLang's router's successor) polls worker loads only for
-    # load-aware policies; round robin, as the others, and no tokenizer (it forwards the body as is).
+    # SMG (the Shepherd Model Gateway, SGLang's router's successor) routes by the request's model,
+    # which it learns from the worker's /v1/models: the bench's clients ask for `moe`, served as
+    # `tiny-moe` (the gateway's config renames it the same way). Round robin, as the others.
     return [str(venv / "bin" / "smg"), "launch", "--worker-urls", upstream, "--host", "127.0.0.1",
-            "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(procs.free_port()),
-            "--log-level", "warn"]
+            "--port", str(port), "--policy", "round_robin", "--model-alias", "moe=tiny-moe",
+            "--prometheus-port", str(procs.free_port()), "--log-level", "warn"]
 
 
 def _litellm_argv(venv: Path, upstream: str, port: int, tmp: Path) -> list[str]:

@@ -63,6 +63,11 @@ class UpstreamResponse:
         """Nothing more to read: the body was read to its end, or the response failed or was closed."""
         return self._eof and not self._chunks
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has been taken (read to its end, without a failure): nothing more will come."""
+        return self._eof and not self._chunks and self._exc is None
+
     async def readany(self) -> bytes:
         """The bytes received since the last call, as soon as there are any; b"" at the end."""
         try:

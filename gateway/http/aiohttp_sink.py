@@ -22,6 +22,10 @@ class AiohttpSink:
         if first:
             await self.response.write(first)
 
+    async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        await self.start(status, headers, body)
+        await self.end()
+
     async def write(self, data: bytes) -> None:
         assert self.response is not None
         await self.response.write(data)

@@ -90,6 +90,19 @@ class NativeSink:
         self._conn.write(head + self._frame(first) if first else head)
         await self._conn.drain()
 
+    async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        """A stream whose whole body is at hand: head, events and the end in one write (one syscall
+        where `start` and `end` would make two, and one wake-up of the client)."""
+        self.started = True
+        if not self._chunked:
+            self._keep_alive = False
+        head = self._head(status, headers, "Transfer-Encoding: chunked\r\n" if self._chunked else "")
+        if self._chunked:
+            self._conn.write(head + self._frame(body) + b"0\r\n\r\n" if body else head + b"0\r\n\r\n")
+        else:
+            self._conn.write(head + body)
+        self._conn.response_done(self._keep_alive)
+
     def _frame(self, data: bytes) -> bytes:
         if not self._chunked:
             return data

@@ -144,21 +144,30 @@ class Relay:
 
         clock = self._clock
         ex.status = "200"
+        headers = response_headers(state, ex, SSE_CONTENT_TYPE)
+        out = b""  # what the client gets while nothing is sent yet
+        started = False
         failed: bytes | None = None  # the error event that ends a failed stream, written after the handlers
         try:
             try:
-                # The response head leaves with the first events, in one write.
                 first = translator.feed(opened.first) if translator is not None else opened.first
-                await sink.start(200, response_headers(state, ex, SSE_CONTENT_TYPE), relay.feed(first, clock()))
-                remaining = self._timeouts.total_s - (clock() - ex.started)
-                with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
-                    # per read, from the upstream connection's callback: one call into the relay and
-                    # one write (a ConnectionError from the write is the client gone: it passes the
-                    # error mapping untouched)
-                    await opened.resp.pipe(Piped(relay, translator, sink, clock).consume, sink.flush)
+                out = relay.feed(first, clock())
+                if not opened.resp.complete:
+                    # More to come: the response head leaves with the first events, in one write.
+                    # (A short answer that came whole with the head leaves whole below, in one write.)
+                    await sink.start(200, headers, out)
+                    started = True
+                    remaining = self._timeouts.total_s - (clock() - ex.started)
+                    with map_client_errors(state.name), self._deadlines.after(max(remaining, 0.001)):
+                        # per read, from the upstream connection's callback: one call into the relay and
+                        # one write (a ConnectionError from the write is the client gone: it passes the
+                        # error mapping untouched)
+                        await opened.resp.pipe(Piped(relay, translator, sink, clock).consume, sink.flush)
                 tail = relay.feed(translator.close(), clock()) if translator is not None else b""
                 tail += relay.close(clock())
-                if tail:
+                if not started:
+                    out += tail
+                elif tail:
                     await sink.write(tail)
                 if not stream_ended(ex, relay.stats):
                     raise BackendProtocolError(state.name, "stream ended before [DONE]")
@@ -175,9 +184,13 @@ class Relay:
                 failed = relay.error_tail(ErrorBody(
                     message=f"The backend failed mid-stream ({detail}).", type="server_error",
                     code="upstream_stream_error"))
-            if failed is not None:  # (no `await` in an `except` of a compiled module: service.py says why)
-                await sink.write(failed)
-            await sink.end()
+            # (no `await` in an `except` of a compiled module: service.py says why)
+            if not started:
+                await sink.send_stream(200, headers, out + failed if failed is not None else out)
+            else:
+                if failed is not None:
+                    await sink.write(failed)
+                await sink.end()
         except ConnectionError:
             if relay.stats.done and ex.status == "200":  # a client may hang up right after [DONE]: served
                 ex.verdict = True

@@ -5,7 +5,8 @@ The proxy does not know which HTTP server carries the response: the native front
 (`http.native_front.NativeSink`) on the hot path, or aiohttp (`http.aiohttp_sink.AiohttpSink`) for a
 generation request on a connection aiohttp already owns. A response is either sent whole (`send`) or
 streamed (`start` with the first bytes, `write`..., `end`); `start`, `write` and `push` raise
-`ConnectionError` once the client has gone. `push` is `write` for a caller that cannot await (the
+`ConnectionError` once the client has gone; a stream whose whole body is at hand (a short answer
+that arrived in one read) is `send_stream`: head, body and end in one write. `push` is `write` for a caller that cannot await (the
 relay's per-read callback, `client.UpstreamResponse.pipe`): it writes now, or keeps the bytes, and
 says whether the caller must `await flush()` before pushing more.
 """
@@ -22,6 +23,10 @@ class ResponseSink(Protocol):
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None: ...
 
     async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None: ...
+
+    async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        """A streamed response (same head as `start`) whose whole body is `body`: `start`, `end`."""
+        ...
 
     async def write(self, data: bytes) -> None: ...
 

@@ -25,6 +25,8 @@ class Sink(Protocol):
 
     async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None: ...
 
+    async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None: ...
+
     async def write(self, data: bytes) -> None: ...
 
     def push(self, data: bytes) -> bool: ...
@@ -85,6 +87,10 @@ class Observed:
     async def start(self, status: int, headers: Mapping[str, str], first: bytes = b"") -> None:
         self.seen.chunk(first)
         await self._sink.start(status, headers, first)
+
+    async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.seen.chunk(body)
+        await self._sink.send_stream(status, headers, body)
 
     async def write(self, data: bytes) -> None:
         self.seen.chunk(data)

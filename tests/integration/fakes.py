@@ -104,5 +104,41 @@ async def start_resetting_server() -> ResettingServer:
     return holder[0]
 
 
+@dataclass
+class CannedStreamServer:
+    """Answers every POST with `body` as a whole `text/event-stream` response (Content-Length), head
+    and body in one write: a short answer that reaches the gateway in one read. GETs get an empty 200."""
+
+    port: int
+    server: asyncio.Server
+    body: bytes
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def start_canned_stream_server(body: bytes) -> CannedStreamServer:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while line := await reader.readline():
+                length = 0
+                while (header := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = header.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if line.startswith(b"POST"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return CannedStreamServer(server.sockets[0].getsockname()[1], server, body)
+
+
 def run(loop: LoopThread, coro: object) -> object:
     return loop.run(coro)  # type: ignore[arg-type]

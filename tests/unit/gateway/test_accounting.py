@@ -40,6 +40,10 @@ class Sink:
         if self.fail_on == "start":
             raise self.error
 
+    async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        await self.start(status, headers, body)
+        await self.end()
+
     async def write(self, data: bytes) -> None:
         self.push(data)
 
