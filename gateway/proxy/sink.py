@@ -6,9 +6,10 @@ The proxy does not know which HTTP server carries the response: the native front
 generation request on a connection aiohttp already owns. A response is either sent whole (`send`) or
 streamed (`start` with the first bytes, `write`..., `end`); `start`, `write` and `push` raise
 `ConnectionError` once the client has gone; a stream whose whole body is at hand (a short answer
-that arrived in one read) is `send_stream`: head, body and end in one write. `push` is `write` for a caller that cannot await (the
-relay's per-read callback, `client.UpstreamResponse.pipe`): it writes now, or keeps the bytes, and
-says whether the caller must `await flush()` before pushing more.
+that arrived in one read) is `send_stream`: head, body and end in one write. `push` is `write` for
+a caller that cannot await (the relay's per-read callback, `client.UpstreamResponse.pipe`): it
+writes now, or keeps the bytes, and says whether the caller must `await flush()` before pushing
+more.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ def test_a_stream_that_arrives_whole_is_relayed_measured_and_counted_once(
         stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello, world!"
     assert {c.model for c in chunks} == {"moe"}  # renamed to the client's name, in every event
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
     eventually(lambda: gw.metric("gateway_requests_total", backend="canned", status="200") == 1)
     assert gw.metric("gateway_tokens_total", backend="canned", kind="completion") == 4
     assert gw.metric("gateway_time_to_first_token_seconds_count", backend="canned") == 1
@@ -61,7 +62,8 @@ def test_a_whole_stream_without_its_done_ends_with_an_error_event(
     assert resp.status_code == 200
     text = resp.text
     assert text.count('"content":"') == 5  # every event the backend sent, then the error
-    assert '"upstream_stream_error"' in text and text.endswith("data: [DONE]\n\n")
+    assert '"upstream_stream_error"' in text
+    assert text.endswith("data: [DONE]\n\n")
     eventually(lambda: gw.metric("gateway_requests_total", backend="canned", status="stream_error") == 1)
     with pytest.raises(openai.APIError):
         list(gw.client().chat.completions.create(model="moe", messages=[{"role": "user", "content": "hi"}],
