@@ -33,7 +33,7 @@ from backends.openai_compat import parse_usage
 
 from .. import json_codec
 from ..observability.outcome import Gaps
-from .sse_scan import ordinary_run
+from .sse_scan import event_end, ordinary_run
 
 # Final: the compiled build inlines them (a module global is a dict lookup at each use)
 DONE: Final = b"data: [DONE]\n\n"
@@ -221,7 +221,7 @@ class SseRelay(StreamRelay):
             elif buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
                 pos += 1
                 continue
-            nxt = buf.find(b"\n\n", pos)
+            nxt = event_end(buf, pos, stop)
             event = buf[pos:nxt]
             kept, is_token = self._event(event)
             if is_token:

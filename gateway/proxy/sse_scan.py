@@ -12,7 +12,8 @@ runs, and `_sse_scan.c`, a small C extension built with the compiled modules (`m
 one exists because this loop was the measured cost of a coalesced stream (20 events in one write):
 compiled by mypyc, each ordinary event still cost ~2k instructions, mostly `bytes.find`'s argument
 parsing and its byte-by-byte search for a two-byte pattern, where C does a memcmp, a memchr and a
-memcmp (bench/results/instructions.md). `NATIVE` says which one runs (`gateway serve` prints it).
+memcmp (bench/results/instructions.md). `event_end`, where an event ends, is the same search alone
+(`reference_end`: `bytes.find`). `NATIVE` says which one runs (`gateway serve` prints it).
 """
 
 from __future__ import annotations
@@ -49,10 +50,17 @@ def reference_run(buf: bytes, pos: int, stop: int, prefix: bytes, suffix: bytes,
     return pos, count, b"".join(parts)
 
 
+def reference_end(buf: bytes, pos: int, stop: int) -> int:
+    """Where the first blank line at or after `pos` starts (both its LFs before `stop`), or -1."""
+    return buf.find(b"\n\n", pos, stop)
+
+
 try:
+    from ._sse_scan import event_end as event_end
     from ._sse_scan import ordinary_run as ordinary_run
 
     NATIVE = True
 except ImportError:  # the pure build (no `make native`)
     ordinary_run = reference_run
+    event_end = reference_end
     NATIVE = False

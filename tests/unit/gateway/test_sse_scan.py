@@ -66,6 +66,17 @@ def test_both_scans_agree_with_the_definition(pieces: list[bytes], data: st.Data
         assert scan(buf, pos, stop, PREFIX, SUFFIX, client, MAX_TEXT) == want, name
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(event, max_size=8), st.data())
+def test_both_event_ends_agree_with_find(pieces: list[bytes], data: st.DataObject) -> None:
+    buf = b"".join(pieces)
+    stop = data.draw(st.integers(0, len(buf)))
+    pos = data.draw(st.integers(0, stop))
+    want = buf[:stop].find(b"\n\n", pos)
+    assert sse_scan.reference_end(buf, pos, stop) == want
+    assert sse_scan.event_end(buf, pos, stop) == want
+
+
 @pytest.mark.parametrize(("name", "scan"), SCANS)
 def test_a_run_of_ordinary_events_is_passed_and_renamed(name: str, scan: object) -> None:
     assert callable(scan)
@@ -82,9 +93,12 @@ def test_a_run_of_ordinary_events_is_passed_and_renamed(name: str, scan: object)
 def test_the_build_runs_the_c_scan_exactly_when_it_is_compiled() -> None:
     assert bool(build_check.compiled()) == sse_scan.NATIVE
     assert (sse_scan.ordinary_run is sse_scan.reference_run) == (not sse_scan.NATIVE)
+    assert (sse_scan.event_end is sse_scan.reference_end) == (not sse_scan.NATIVE)
     if sse_scan.NATIVE:  # its arguments are checked, not trusted
         with pytest.raises(TypeError, match="must be bytes"):
             sse_scan.ordinary_run("text", 0, 4, PREFIX, SUFFIX, None, MAX_TEXT)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="pos <= stop"):
             sse_scan.ordinary_run(b"data", 3, 1, PREFIX, SUFFIX, None, MAX_TEXT)
+        with pytest.raises(ValueError, match="pos <= stop"):
+            sse_scan.event_end(b"data", 3, 1)
         assert "C: gateway.proxy._sse_scan" in build_check.describe()
