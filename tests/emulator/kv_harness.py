@@ -158,24 +158,44 @@ class Subscriber:
 
     async def receive_until(self, next_seq: int, timeout_s: float = 5.0) -> list[Batch]:
         """Receive until the batch `next_seq - 1` (the publisher's last) or a later one arrived;
-        returns the batches received by this call, in order."""
+        returns the batches received by this call, in order.
+
+        With a replay endpoint, batches the publisher sent before our subscription reached it are
+        fetched from its replay socket: when the first one received is not the first sent, or when
+        none has arrived for a moment (the publisher sent all it had into the slow joiner's gap, and
+        no later batch would reveal it). A gap after the first batch received is left for the test
+        to see, as a consumer must detect it."""
         got: list[Batch] = []
         async with asyncio.timeout(timeout_s):
             while not self.batches or self.batches[-1].seq < next_seq - 1:
-                batch = await self._inbox.get()
+                idle_s = 0.25 if not self.batches and self.replay_endpoint is not None else None
+                try:
+                    batch = await asyncio.wait_for(self._inbox.get(), idle_s)
+                except TimeoutError:
+                    assert self.replay_endpoint is not None
+                    self._extend(await replay(self.replay_endpoint, 0, with_topic=self.with_topic), got)
+                    continue
                 if not self.batches and batch.seq > 0 and self.replay_endpoint is not None:
                     missed = await replay(self.replay_endpoint, 0, with_topic=self.with_topic)
-                    early = [b for b in missed if b.seq < batch.seq]
-                    self.batches.extend(early)
-                    got.extend(early)
+                    self._extend([b for b in missed if b.seq < batch.seq], got)
+                self._extend([batch], got)
+        return got
+
+    def _extend(self, batches: list[Batch], got: list[Batch]) -> None:
+        """Append in sequence order, skipping a batch already held (replayed, then delivered live)."""
+        for batch in batches:
+            if not self.batches or batch.seq > self.batches[-1].seq:
                 self.batches.append(batch)
                 got.append(batch)
-        return got
 
     async def quiet(self, timeout_s: float = 0.2) -> bool:
         """True when nothing arrives within `timeout_s` (for a silent or dropping publisher)."""
         try:
-            batch = await asyncio.wait_for(self._inbox.get(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    batch = await self._inbox.get()
+                    if not self.batches or batch.seq > self.batches[-1].seq:
+                        break  # not one already held (replayed, then delivered live)
         except TimeoutError:
             return True
         self._inbox.put_nowait(batch)
