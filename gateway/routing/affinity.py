@@ -12,14 +12,22 @@
    times longer than what moving would re-prefill (measured on multi-turn conversations, bench
    multiturn: the default keeps reuse at 99% of a single infinite cache where a charge of 1x let
    40% of conversations split over backends).
-3. No hit anywhere: the first candidate by rendezvous score of the request's affinity key
-   (x-prefix-key, else x-session-id, else the first prompt block); for an inferred key (the first
-   block) the first two, and of those the one that holds less of what this gateway placed
-   (`PrefixLookup.held`) -> reason "hash". Explicit keys always take the first: requests with the
-   same key land together however short their prompts. Two choices balance the
-   content given to each backend (one rendezvous choice left one backend with twice another's
-   tenants), while every replica still considers the same two, and removing a backend remaps only
-   keys that had it among their two.
+3. No hit anywhere: the rendezvous order of the request's affinity key (x-prefix-key, else
+   x-session-id, else the first prompt block) -> reason "hash", with the first choice balanced:
+   - an inferred key (the first block): the first two, and of those the one that holds less of
+     what this gateway placed (`PrefixLookup.held`). Two choices balance the content given to each
+     backend (one rendezvous choice left one backend with twice another's tenants), while every
+     replica still considers the same two, and removing a backend remaps only keys that had it
+     among their two.
+   - an explicit key promises its requests land together however short their prompts: where this
+     gateway last sent it (`PrefixLookup.placed`, remembered in the index's LRU), else, for a new
+     key, the backend holding the least of what was placed (ties in rendezvous order). Taking
+     the rendezvous first choice always left a backend with more tenants than the others
+     queueing each of their new conversations behind the system prompts when a fleet starts cold
+     (bench routing-sim, TTFT p99 on multi-turn and hot-tenant traffic; two choices and a
+     bounded-content walk helped less). The price: gateway replicas that never saw a key may
+     place it apart (each balances its own view), where the first choice made them agree; with
+     KV events live a later request finds the key's content wherever it went.
 4. Bounded load (consistent hashing with bounded loads, Mirrokni et al.): nothing is chosen above
    `load_factor` x the mean load + `slack`, the holder of the longest hit included. Over the bound
    we walk down the ranking -> reason "spill": hit holders first, then the least loaded of the
@@ -34,6 +42,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from .base import BackendView, Decision, RouteRequest, Snapshot
@@ -87,12 +96,16 @@ class PrefixAffinity(LoadBounded):
         if key is None:
             return Decision(least_loaded(candidates, None).name, "least_load")
         ranked = by_rendezvous(candidates, key)
-        # an explicit key (x-prefix-key, x-session-id) promises its requests land together: only an
-        # inferred one (a new prompt's first block) is balanced between its two choices
-        if len(ranked) > 1 and features.prefix_key is None and features.session_key is None:
-            held = snapshot.prefix.held
-            if held(ranked[1].name) < held(ranked[0].name):
-                ranked[0], ranked[1] = ranked[1], ranked[0]
+        if len(ranked) > 1:
+            prefix = snapshot.prefix
+            if features.prefix_key is not None or features.session_key is not None:
+                first = prefix.placed(key, ranked)
+                if first < 0:
+                    first = least_held(ranked, prefix.held)
+            else:
+                first = 1 if prefix.held(ranked[1].name) < prefix.held(ranked[0].name) else 0
+            if first:
+                ranked.insert(0, ranked.pop(first))
         chosen_view, spilled = walk(ranked, lambda v: v.load_score <= bound)
         return Decision(chosen_view.name, "spill" if spilled else "hash")
 
@@ -137,3 +150,11 @@ class PrefixAffinity(LoadBounded):
         order = sorted(range(len(candidates)), key=lambda i: (work[i], -hits[i], loads[i], -hrw(k, candidates[i].name)))
         chosen = next((i for i in order if loads[i] <= bound), first)  # min load <= bound
         return Decision(candidates[chosen].name, "spill", hits[chosen])
+
+
+
+def least_held(ranked: Sequence[BackendView], held: Callable[[str], int]) -> int:
+    """The index of the first of `ranked` (rendezvous order) holding the least of what this gateway
+    placed: `held` compared across all of them, the choice SMG's cache_aware makes for a miss."""
+    amounts = [held(v.name) for v in ranked]
+    return amounts.index(min(amounts))

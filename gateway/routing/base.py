@@ -159,6 +159,11 @@ class PrefixLookup(Protocol):
         the approximate index): the long-run share of the content a backend was given."""
         ...
 
+    def placed(self, key: int, views: Sequence[BackendView]) -> int:
+        """The index in `views` of the backend this gateway last sent the explicit affinity key
+        `key` to (x-prefix-key, x-session-id), while it remembers it; -1 for a new key."""
+        ...
+
 
 class EngineCaches(Protocol):
     """The engines' own prefix caches, built from their KV events (`gateway/kvcache`)."""
@@ -179,6 +184,9 @@ class _NoPrefixes:
 
     def held(self, backend: str) -> int:
         return 0
+
+    def placed(self, key: int, views: Sequence[BackendView]) -> int:
+        return -1
 
 
 NO_PREFIXES: PrefixLookup = _NoPrefixes()

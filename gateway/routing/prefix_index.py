@@ -30,6 +30,14 @@ from typing import Final
 from .base import UNIT_CHARS, UNIT_TOKENS, BackendView, RequestFeatures, stride_for
 
 DEFAULT_CAPACITY: Final = 50_000  # entries per backend: ~5 MB each, ~800k tokens at 16 tokens per block
+# An explicit affinity key (x-prefix-key, x-session-id) is remembered in the same LRU as the blocks,
+# as one entry apart from every chain (64-bit hashes: a collision is as likely as between blocks).
+KEY_MARK: Final = 0x9E3779B97F4A7C15
+
+
+def key_entry(key: int) -> int:
+    """The LRU entry that says an explicit affinity key was sent to a backend."""
+    return key ^ KEY_MARK
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -143,6 +151,18 @@ class PrefixIndex:
         walk = chain if stride == 1 else chain[stride - 1 :: stride]
         return len(list(takewhile(entries.__contains__, walk)))  # exact, in C
 
+    def placed(self, key: int, views: Sequence[BackendView]) -> int:
+        """The index in `views` of the backend an explicit affinity key was last sent to (and is
+        still remembered by), or -1."""
+        entry = key_entry(key)
+        best, at = -1, -1
+        for i, view in enumerate(views):
+            held = self._held.get(view.name)
+            tick = held.entries.get(entry) if held is not None else None
+            if tick is not None and tick > best:
+                best, at = tick, i
+        return at
+
     def holds(self, backend: str, block_hash: int) -> bool:
         """Whether `block_hash` is in `backend`'s LRU (for tests and debugging)."""
         held = self._held.get(backend)
@@ -169,6 +189,11 @@ class PrefixIndex:
             key = chain[end - 1]
             entries[key] = tick
             move(key)
+        explicit = features.affinity_key
+        if explicit is not None and (features.prefix_key is not None or features.session_key is not None):
+            entry = key_entry(explicit)
+            entries[entry] = tick
+            move(entry)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
         return Sent(backend, chain, stride, features.prompt_bytes, predicted, tick)

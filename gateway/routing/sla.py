@@ -140,6 +140,9 @@ class _Known:
     def held(self, backend: str) -> int:
         return self._inner.held(backend)
 
+    def placed(self, key: int, views: Sequence[BackendView]) -> int:
+        return self._inner.placed(key, views)
+
     def match(self, backend: str, chain: tuple[int, ...], stride: int) -> int:
         for view, hit in zip(self._views, self._hits, strict=True):
             if view.name == backend:

@@ -141,6 +141,9 @@ class PrefixView:
     def held(self, backend: str) -> int:
         return self.index.size(backend)
 
+    def placed(self, key: int, views: Sequence[BackendView]) -> int:
+        return self.index.placed(key, views)
+
 
 class _Models(Mapping[str, LatencyModel]):
     """The estimators' frozen models, rebuilt on read and only for backends that learned something

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.routing import POLICIES, PrefixAffinity, RequestFeatures, RoutingState, Snapshot
-from gateway.routing.scoring import DEFAULT_SLACK
+from gateway.routing.scoring import DEFAULT_SLACK, by_rendezvous
 
 from .helpers import RNG, doc, features, req, snap, view, warm
 
@@ -70,6 +70,65 @@ def test_an_overloaded_holder_spills_down_the_ranking() -> None:
     assert choice.reason == "spill"
     # The spill target is the rendezvous order of the rest: the same in every process.
     assert POLICY.choose(req(f), snap(RoutingState(), *views[1:]), RNG).backend == choice.backend  # type: ignore[union-attr]
+
+
+def test_an_explicit_key_lands_where_it_was_last_sent_however_short_its_prompts() -> None:
+    """A short prompt (no block to find again) with x-session-id goes where the key went last, even
+    when its rendezvous first choice would now be free: the key is remembered, not recomputed."""
+    state = RoutingState()
+    views = [view(n) for n in "abcd"]
+    first = features("", "hi", x_session_id="conv-1")  # the next prompt shares no block with it
+    order = [v.name for v in by_rendezvous(views, first.affinity_key)]  # type: ignore[arg-type]
+    warm(state, view(order[2]), first)  # placed on its third choice (say, an earlier spill)
+    again = POLICY.choose(req(features("", "and then?", x_session_id="conv-1")), snap(state, *views), RNG)
+    assert again is not None
+    assert (again.backend, again.reason) == (order[2], "hash")
+    other = POLICY.choose(req(features("", "good morning", x_session_id="conv-2")), snap(state, *views), RNG)
+    assert other is not None  # another key is not pulled along: its own first choice, unless that
+    # is the one backend holding something (the remembered key), above the mean of nearly nothing
+    theirs = [v.name for v in by_rendezvous(views, other_key("conv-2")) if v.name != order[2]]
+    assert other.backend == theirs[0]
+
+
+def other_key(session: str) -> int:
+    key = features("", "hi", x_session_id=session).affinity_key
+    assert key is not None
+    return key
+
+
+def test_a_new_explicit_key_goes_to_the_backend_holding_least() -> None:
+    """A cold fleet's first tenants spread instead of queueing on whichever backend their
+    rendezvous order puts first; ties go in rendezvous order."""
+    state = RoutingState()
+    views = [view(n) for n in "abcd"]
+    key = other_key("conv-new")
+    order = [v.name for v in by_rendezvous(views, key)]
+    for n in range(3):  # the first choice holds three documents, the others nothing
+        warm(state, view(order[0]), features(doc(100 + n)))
+    choice = POLICY.choose(req(features("", "hi", x_session_id="conv-new")), snap(state, *views), RNG)
+    assert choice is not None
+    assert (choice.backend, choice.reason) == (order[1], "hash")
+    # once placed it stays, though the first choice is no fuller than the rest any more
+    warm(state, view(order[1]), features("", "hi", x_session_id="conv-new"))
+    for name in order[1:]:
+        for n in range(3):
+            warm(state, view(name), features(doc(200 + 10 * ord(name[0]) + n)))
+    again = POLICY.choose(req(features("", "next", x_session_id="conv-new")), snap(state, *views), RNG)
+    assert again is not None
+    assert again.backend == order[1]
+
+
+def test_a_forgotten_backend_forgets_the_keys_placed_on_it() -> None:
+    state = RoutingState()
+    views = [view(n) for n in "abcd"]
+    f = features("", "hi", x_prefix_key="tenant-7")
+    order = [v.name for v in by_rendezvous(views, f.affinity_key)]  # type: ignore[arg-type]
+    warm(state, view(order[3]), f)
+    assert views[snap(state, *views).prefix.placed(f.affinity_key, views)].name == order[3]  # type: ignore[arg-type]
+    state.forget(order[3])  # it restarted: its cache, and the reason to go there, are gone
+    choice = POLICY.choose(req(f), snap(state, *views), RNG)
+    assert choice is not None
+    assert choice.backend == order[0]
 
 
 def test_no_key_falls_back_to_least_load() -> None:
