@@ -87,7 +87,13 @@ def test_a_far_or_slow_store_is_up_shared_and_off_the_request_path(
     added = statistics.median(limited) - statistics.median(free)
     assert added < far_redis.rtt_ms / 4, f"a limited request waits {added:.1f} ms more ({far_redis.rtt_ms} ms store)"
 
-    # the limit is the fleet's: 30 a minute across both replicas, not 30 each
+    # the limit is the fleet's: 30 a minute across both replicas, not 30 each (a command that overran
+    # its bound on this loaded machine may mark the store down for a moment: local buckets decide
+    # meanwhile, each replica's own, and every admission they decide is counted as a fallback)
+    def fallbacks() -> float:
+        return sum(metric(gw, "gateway_state_store_fallbacks_total", use="limits") for gw in (a, b))
+
+    fell_back = fallbacks()
     started = time.monotonic()
     codes = []
     for gw in itertools.islice(itertools.cycle((a, b)), 90):
@@ -96,11 +102,10 @@ def test_a_far_or_slow_store_is_up_shared_and_off_the_request_path(
                                      headers={"Authorization": f"Bearer {SMALL}"}).status_code)
     elapsed = time.monotonic() - started
     assert set(codes) <= {200, 429}
-    assert 30 * 0.9 <= codes.count(200) <= 30 + elapsed * 30 / 60 + 2, (codes.count(200), elapsed)
+    local = fallbacks() - fell_back
+    assert 30 * 0.9 <= codes.count(200) <= 30 + elapsed * 30 / 60 + 2 + local, (codes.count(200), elapsed, local)
 
-    # it is up and shared (a command that overran its bound on this loaded machine may have marked it
-    # down for a moment: local buckets served meanwhile, which the budget above allows for); the time
-    # it takes is measured and said
+    # it is up and shared (after any such moment); the time it takes is measured and said
     assert (metric(a, "gateway_state_store_up"), metric(b, "gateway_state_store_up")) == (1, 1)
     assert metric(a, "gateway_state_store_seconds_count", use="limits") > 0
     settle_s = metric(a, "gateway_state_store_seconds_sum", use="limits") / metric(
