@@ -54,6 +54,16 @@ _BLANK: Final = (13, 10)  # CR, LF: empty lines between requests are skipped (RF
 _SIZE_LINES: Final = tuple(b"%x\r\n" % n for n in range(4096))
 
 
+def take_body(msg: Message) -> bytes:
+    """The request's body, which `msg` stops holding: the task serving the request keeps `msg` (its
+    headers) for as long as the response lasts, a stream's included, and the body only until it is
+    parsed (`Dispatcher.dispatch`)."""
+    parts = msg.body
+    body = parts[0] if len(parts) == 1 else b"".join(parts)
+    parts.clear()
+    return body
+
+
 class NativeSink:
     """Where one request's response goes: all at once (`send`) or as a chunked stream."""
 
@@ -373,9 +383,8 @@ class FrontProtocol(asyncio.Protocol):
         reply = self._reply = NativeSink(self, keep_alive=msg.keep_alive and not self._front.closing,
                                          http11=msg.http11)
         request_id = choose_request_id(msg.headers.get("x-request-id"))
-        body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
-            await self._front.entry.dispatch(msg.headers, body, endpoint, reply, request_id)
+            await self._front.entry.dispatch(msg.headers, take_body(msg), endpoint, reply, request_id)
             if not reply.started:  # a dispatcher that wrote nothing: never leave a client hanging
                 raise GatewayError("The gateway produced no response.")
         except GatewayError as exc:

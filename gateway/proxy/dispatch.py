@@ -44,6 +44,7 @@ class Dispatcher:
                 ex.rate_headers = await self._guard.limit(key) or None
             proxy = proxy_of(generation)
             proxy.parse(ex, body, headers)
+            body = b""  # parsed: the bytes are not kept for the life of a stream
             if trace is not None:
                 assert ex.parsed is not None
                 trace.parsed(ex.model, ex.parsed.request)

@@ -63,7 +63,7 @@ from .accounting import Accounting
 from .attempts import Opened, map_client_errors, no_healthy_backend
 from .deadlines import Deadlines
 from .exchange import Exchange, new_request_id
-from .request import ParsedRequest
+from .request import ParsedRequest, with_body
 from .routes import RouteState
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,6 @@ log = logging.getLogger(__name__)
 SPLITTABLE: Final = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
 WHOLE_ONLY: Final = "whole"  # the planning role of an SGLang `both` (null-mode) server: neither leg
 PROTOCOLS: Final = frozenset({Runtime.VLLM, Runtime.SGLANG, Runtime.TRTLLM})
-
-
-def with_body(parsed: ParsedRequest, body: dict[str, Any]) -> ParsedRequest:
-    """The client's request with the decode leg's body in place of its own."""
-    r = parsed.request
-    return ParsedRequest(parsed.model, ClientRequest(r.endpoint, body, r.stream, r.include_usage, r.created))
 
 
 class Refused(BackendError):

@@ -21,6 +21,7 @@ from ..tracing.trace import TRACE_ID_HEADER
 from .attempts import Opened, map_client_errors
 from .deadlines import Deadlines
 from .exchange import Exchange
+from .request import with_body
 from .responses_sse import ResponsesSseRelay
 from .sink import ResponseSink
 from .sse import SseFramingError, SseRelay, StreamRelay, StreamStats
@@ -141,6 +142,9 @@ class Relay:
         translator = opened.adapter.stream_translator(parsed.request, model=parsed.model, request_id=ex.request_id)
         backend_model = parsed.model if translator is not None else state.config.model
         relay = ex_stream_relay(ex, backend_model)
+        # Nothing reads the request's body from here on (retries and shadows are behind, the
+        # translator took what it needs): an open stream no longer holds its prompt, whatever its size.
+        ex.parsed = parsed = with_body(parsed, {})
 
         clock = self._clock
         ex.status = "200"

@@ -31,6 +31,13 @@ class ParsedRequest:
         self.request = request
 
 
+def with_body(parsed: ParsedRequest, body: dict[str, Any]) -> ParsedRequest:
+    """The client's request with `body` in place of its own: a P/D decode leg's body, or an empty
+    one once nothing reads it any more (`Relay.stream`: an open stream does not keep its prompt)."""
+    r = parsed.request
+    return ParsedRequest(parsed.model, ClientRequest(r.endpoint, body, r.stream, r.include_usage, r.created))
+
+
 def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> None:
     value = body.get(name)
     if value is None:

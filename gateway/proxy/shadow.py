@@ -27,6 +27,7 @@ from ..settings import Timeouts
 from .attempts import Attempts
 from .deadlines import Deadlines
 from .exchange import Exchange
+from .request import ParsedRequest
 from .responses_sse import ResponsesSseRelay
 from .routes import RouteState
 from .sse import SseFramingError, SseRelay
@@ -57,7 +58,9 @@ class Shadows:
             return
         if split is not None and not set(ex.capable).intersection(split.arm(shadow.arm).backends):
             return  # the shadow arm cannot serve this request
-        task = asyncio.get_running_loop().create_task(self._run(route, shadow.arm, ex))
+        # the request as parsed now: once its own stream has started, `ex.parsed` no longer has a body
+        assert ex.parsed is not None
+        task = asyncio.get_running_loop().create_task(self._run(route, shadow.arm, ex, ex.parsed))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -70,10 +73,8 @@ class Shadows:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _run(self, route: RouteState, arm: str, origin: Exchange) -> None:
+    async def _run(self, route: RouteState, arm: str, origin: Exchange, parsed: ParsedRequest) -> None:
         assert route.split is not None
-        assert origin.parsed is not None
-        parsed = origin.parsed
         ex = Exchange(origin.request_id + "-shadow", origin.endpoint, self._clock(), model=origin.model,
                       parsed=parsed, features=origin.features, arm=arm, capable=origin.capable,
                       bridged=origin.bridged, trace=origin.trace.shadow() if origin.trace is not None else None)

@@ -140,5 +140,57 @@ async def start_canned_stream_server(body: bytes) -> CannedStreamServer:
     return CannedStreamServer(server.sockets[0].getsockname()[1], server, body)
 
 
+@dataclass
+class HoldingStreamServer:
+    """Answers every POST with a chunked `text/event-stream` head and one role event, then holds the
+    stream open until the gateway closes it (an engine still thinking). `open` counts held streams,
+    `received` the request bytes of the last POST."""
+
+    port: int
+    server: asyncio.Server
+    open: int = 0
+    received: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+HELD_EVENT = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"tiny-moe","choices":'
+              b'[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n')
+
+
+async def start_holding_stream_server() -> HoldingStreamServer:
+    held: HoldingStreamServer
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while line := await reader.readline():
+                length = 0
+                while (header := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = header.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if not line.startswith(b"POST"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                held.received = length
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                             b"\r\n%x\r\n%b\r\n" % (len(HELD_EVENT), HELD_EVENT))
+                await writer.drain()
+                held.open += 1
+                try:
+                    await reader.read()  # until the gateway closes the stream
+                finally:
+                    held.open -= 1
+                break
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    held = HoldingStreamServer(server.sockets[0].getsockname()[1], server)
+    return held
+
+
 def run(loop: LoopThread, coro: object) -> object:
     return loop.run(coro)  # type: ignore[arg-type]
