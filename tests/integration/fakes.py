@@ -118,16 +118,23 @@ class CannedStreamServer:
         return f"http://127.0.0.1:{self.port}"
 
 
+async def read_body(reader: asyncio.StreamReader) -> int:
+    """Read a request's headers (its request line already read) and its Content-Length body; returns
+    the body's length."""
+    length = 0
+    while (header := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = header.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return length
+
+
 async def start_canned_stream_server(body: bytes) -> CannedStreamServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             while line := await reader.readline():
-                length = 0
-                while (header := await reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = header.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                await reader.readexactly(length)
+                await read_body(reader)
                 if line.startswith(b"POST"):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                  b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
@@ -166,12 +173,7 @@ async def start_holding_stream_server() -> HoldingStreamServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             while line := await reader.readline():
-                length = 0
-                while (header := await reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = header.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                await reader.readexactly(length)
+                length = await read_body(reader)
                 if not line.startswith(b"POST"):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     continue
