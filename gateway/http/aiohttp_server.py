@@ -35,7 +35,7 @@ from backends.base import Endpoint
 from ..errors import GatewayError, HeadersTooLarge, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..settings import Limits
-from .halfclose import GoneWatch
+from .halfclose import PROBE, GoneWatch
 from .reader import FAILED, MAX_HEADERS, Message, Reader
 from .wire import error_bytes
 
@@ -136,7 +136,8 @@ class GatewayProtocol(web.RequestHandler):
             last = reader.last
             probe = (self._gw_prepared == self._gw_answered == reader.heads - 1  # one to answer, not begun
                      and last is not None and last.http11)
-            self._gw_watch = GoneWatch(self._gw_loop, self.transport, self._gw_gone, probe=probe)
+            # (a stream already started is not probed here: it learns at its next write)
+            self._gw_watch = GoneWatch(self._gw_loop, self.transport, self._gw_gone, probe=PROBE if probe else b"")
         return True
 
     def response_started(self) -> None:

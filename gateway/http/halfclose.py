@@ -6,8 +6,12 @@ cancelled, which aborts the upstream generation). TCP shows no difference until 
 something: a closed socket answers any data with RST. So both fronts keep the connection after the
 FIN and, while a request still runs, watch it: if the response has not started and the request is
 HTTP/1.1, they send `100 Continue` (a client must accept and skip an unasked 1xx, RFC 9110 15.2; an
-HTTP/1.0 client gets none), and every `interval_s` they read the socket's pending error (`SO_ERROR`).
-An RST, provoked by that probe or by the response's own writes, shows there, and `gone()` is called.
+HTTP/1.0 client gets none); if an event stream has started (the native front), an SSE comment (`:`,
+which every SSE client skips, RFC-like in the WHATWG spec: "lines starting with a colon are
+ignored"), so that a stream the engine is still silent on (a long prefill, a queue) learns its
+client has gone now rather than at its next token; and every `interval_s` they read the socket's
+pending error (`SO_ERROR`). An RST, provoked by that probe or by the response's own writes, shows
+there, and `gone()` is called.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import asyncio
 import socket
 from collections.abc import Callable
 
-PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
+PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"  # before a response has started (HTTP/1.1)
+STREAM_PROBE = b":\n\n"  # between the events of a started event stream (framed as the stream is)
 
 
 class GoneWatch:
@@ -26,14 +31,15 @@ class GoneWatch:
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, gone: Callable[[], None], *,
-        probe: bool, interval_s: float = 0.2,
+        probe: bytes, interval_s: float = 0.2,
     ) -> None:
+        """`probe`: what to write now, to provoke an RST from a client that has gone (b"": nothing)."""
         self._loop = loop
         self._gone = gone
         self._interval_s = interval_s
         self._sock = transport.get_extra_info("socket")
         if probe:
-            transport.write(PROBE)
+            transport.write(probe)
         self._handle: asyncio.TimerHandle | None = loop.call_later(interval_s, self._check)
 
     def _check(self) -> None:

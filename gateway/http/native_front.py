@@ -35,7 +35,7 @@ from ..errors import GatewayError, InvalidRequest, RequestTimeout
 from ..proxy.exchange import request_id as choose_request_id
 from ..proxy.sink import Entry
 from ..settings import Limits
-from .halfclose import GoneWatch
+from .halfclose import PROBE, STREAM_PROBE, GoneWatch
 from .reader import COMPLETE, FAILED, HEADERS, Message, Reader
 from .wire import date_line, error_bytes, status_line
 
@@ -67,13 +67,22 @@ def take_body(msg: Message) -> bytes:
 class NativeSink:
     """Where one request's response goes: all at once (`send`) or as a chunked stream."""
 
-    __slots__ = ("_chunked", "_conn", "_keep_alive", "started")
+    __slots__ = ("_chunked", "_conn", "_keep_alive", "_streaming", "started")
 
     def __init__(self, conn: FrontProtocol, *, keep_alive: bool, http11: bool) -> None:
         self._conn = conn
         self._keep_alive = keep_alive
         self._chunked = http11
+        self._streaming = False  # between `start` and `end`: a client may be sent a comment event
         self.started = False
+
+    def probe(self) -> bytes:
+        """What may be written now to see whether a client that sent a FIN is still there (`halfclose`):
+        `100 Continue` before the response (HTTP/1.1 only), an SSE comment while a stream is open
+        (between two of its events: the relay writes whole events), else nothing."""
+        if not self.started:
+            return PROBE if self._chunked else b""
+        return self._frame(STREAM_PROBE) if self._streaming else b""
 
     def _head(self, status: int, headers: Mapping[str, str], framing: str) -> bytes:
         lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
@@ -98,6 +107,7 @@ class NativeSink:
             self._keep_alive = False
         head = self._head(status, headers, "Transfer-Encoding: chunked\r\n" if self._chunked else "")
         self._conn.write(head + self._frame(first) if first else head)
+        self._streaming = True
         await self._conn.drain()
 
     async def send_stream(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
@@ -133,6 +143,7 @@ class NativeSink:
         await self._conn.drain()
 
     async def end(self) -> None:
+        self._streaming = False
         if self._chunked:
             self._conn.write(b"0\r\n\r\n")
         self._conn.response_done(self._keep_alive)
@@ -292,7 +303,8 @@ class FrontProtocol(asyncio.Protocol):
 
     def _watch_client(self) -> None:
         if self.transport is not None and self._watch is None:
-            probe = self._http11 and (self._reply is None or not self._reply.started)
+            reply = self._reply
+            probe = reply.probe() if reply is not None else PROBE if self._http11 else b""
             self._watch = GoneWatch(self._loop, self.transport, self.abort, probe=probe)
 
     # -- reading requests, one at a time ------------------------------------------------------

@@ -223,6 +223,29 @@ async def test_client_leaving_mid_stream_cancels_the_request(served: Served) -> 
     await asyncio.wait_for(served.cancelled.wait(), 5)
 
 
+async def test_a_client_gone_while_its_stream_is_idle_is_noticed_at_once(served: Served) -> None:
+    """The engine is silent (a long prefill, a queue): no write of the stream's own would show the
+    client has gone, so its FIN is answered with an SSE comment, which a closed socket answers with
+    an RST (`halfclose`); the request is cancelled (and with it the upstream generation) now."""
+    reader, writer = await connect(served)
+    writer.write(post(body=b"stream"))
+    await reader.readuntil(b"data: 1\n\n")
+    writer.close()
+    await asyncio.wait_for(served.cancelled.wait(), 5)
+
+
+async def test_a_half_closed_client_of_an_idle_stream_gets_the_comment_and_the_rest(served: Served) -> None:
+    reader, writer = await connect(served)
+    writer.write(post(body=b"stream"))
+    await reader.readuntil(b"data: 1\n\n\r\n")
+    writer.write_eof()  # shutdown(SHUT_WR): it still reads
+    assert await reader.readuntil(b"\r\n:\n\n\r\n") == b"3\r\n:\n\n\r\n"  # one chunk: a comment, skipped by SSE
+    served.release.set()
+    assert await reader.readuntil(b"0\r\n\r\n") == b"9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+    assert not served.cancelled.is_set()
+    writer.close()
+
+
 async def test_expect_100_continue_is_answered_before_the_body(served: Served) -> None:
     reader, writer = await connect(served)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")

@@ -176,12 +176,17 @@ async def test_full_duplex_routes_on_the_headers_answer_and_streams_the_body_bac
 
 
 async def test_prefix_affinity_sends_one_prompt_to_one_backend(picker: Picker) -> None:
+    # a prompt of several blocks: one shorter than a block has no prefix to follow, and goes to the
+    # least loaded (which a pick not yet released in the picker made the other backend, now and then)
+    long = {**CHAT, "messages": [{"role": "user", "content": "hello there, " * 40}]}
     seen = set()
     for _ in range(6):
-        call, answer = await routed(picker, CHAT, **AUTH)
+        call, answer = await routed(picker, long, **AUTH)
         seen.add(set_headers(answer.request_headers.response.header_mutation)[wire.DESTINATION])
         call.cancel()
     assert len(seen) == 1
+    assert picker.samples("gateway_routing_decisions_total", reason="hash") == 1
+    assert picker.samples("gateway_routing_decisions_total", reason="affinity") == 5
 
 
 async def test_buffered_mode_answers_the_headers_at_once_and_routes_on_the_body(picker: Picker) -> None:
