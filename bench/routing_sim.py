@@ -20,7 +20,7 @@ figure is a pure function of its seed and the shared machine cannot move it. Eve
 Policies, each on the same seeds: round_robin, least_load, SMG's cache_aware (`sim_cache_aware.py`:
 CLI defaults, and with its absolute balance threshold scaled to this fleet: a quarter of a
 backend's mean in-flight count under cache_aware, at least 2), the default prefix_affinity, the previous
-default (`prefix_affinity@before`: 16x sticky charge, holder bound 2x mean + 4), and a sweep of
+default's bounds (`prefix_affinity@before`: 16x sticky charge, holder bound 2x mean + 4), and a sweep of
 prefix_affinity's `load_factor`. Reuse is against one infinite cache (computed at the engine's
 block granularity). Medians over seeds. Writes `routing_sim.md`, `.json`, `routing_sim_sweep.png`
 and `routing_sim_load.png` (per-backend in-flight over time, before and after).
@@ -111,8 +111,8 @@ def build(name: str, seed: int, *, load: float, cache_factor: float) -> Scenario
 
 
 def before() -> PrefixAffinity:
-    """prefix_affinity as it was: 16x the re-prefill charged for leaving the holder, holder bound
-    2x mean + 4, everything else 1.25x mean + 2."""
+    """prefix_affinity's bounds as they were: 16x the re-prefill charged for leaving the holder, holder
+    bound 2x mean + 4, everything else 1.25x mean + 2 (its placement of new keys is today's)."""
     p = PrefixAffinity(load_factor=1.25, slack=2.0, stickiness=16.0, holder_load_factor=2.0, holder_slack=4.0)
     p.name = "prefix_affinity@before"
     return p

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from .fakes import RecordingBackend, run, start_recording_backend
@@ -27,16 +28,26 @@ def workers_doc(gw: GatewayProcess) -> dict[str, Any]:
     return doc
 
 
+def workers_doc_unless_reset(gw: GatewayProcess) -> dict[str, Any] | None:
+    """`workers_doc`, or None when the connection was reset: right after a worker is killed, the
+    connections the kernel had queued on its listener are reset (README, *a worker that dies*)."""
+    try:
+        return workers_doc(gw)
+    except httpx.TransportError:
+        return None
+
+
 def kill_a_worker(gw: GatewayProcess, slot: int = 0) -> int:
     """SIGKILL the worker of `slot`, found in `/admin/workers`; wait until its replacement has
     connected and been counted. The replacement's pid."""
     before = workers_doc(gw)
     victim = next(r["pid"] for r in before["workers"] if r["worker"] == slot)
     kill_and_wait_gone(victim)
-    doc = wait_for(lambda: workers_doc(gw),
-                   lambda d: len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]}
+    doc = wait_for(lambda: workers_doc_unless_reset(gw),
+                   lambda d: d is not None and len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]}
                    and d["restarts"] == before["restarts"] + 1,
                    timeout=60, what="a replacement worker, connected and counted")
+    assert doc is not None
     return int(next(r["pid"] for r in doc["workers"] if r["pid"] not in {w["pid"] for w in before["workers"]}))
 
 
