@@ -152,7 +152,6 @@ class PrefixAffinity(LoadBounded):
         return Decision(candidates[chosen].name, "spill", hits[chosen])
 
 
-
 def least_held(ranked: Sequence[BackendView], held: Callable[[str], int]) -> int:
     """The index of the first of `ranked` (rendezvous order) holding the least of what this gateway
     placed: `held` compared across all of them, the choice SMG's cache_aware makes for a miss."""
