@@ -214,22 +214,16 @@ async def test_http10_stream_is_close_delimited_and_http11_chunked(served: Serve
     writer.close()
 
 
-async def test_client_leaving_mid_stream_cancels_the_request(served: Served) -> None:
-    """A FIN alone may be a half-close; the stream's next writes show the client has gone."""
+@pytest.mark.parametrize(("body", "first"), [(b"ticks", b"data: tick\n\n"), (b"stream", b"data: 1\n\n")],
+                         ids=["writing", "idle"])
+async def test_client_leaving_mid_stream_cancels_the_request(served: Served, body: bytes, first: bytes) -> None:
+    """A FIN alone may be a half-close. A stream that goes on writing shows the client has gone at
+    its next write; an idle one (the engine silent: a long prefill, a queue) answers the FIN with an
+    SSE comment, which a closed socket answers with an RST (`halfclose`). Either way the request is
+    cancelled, and with it the upstream generation, at once."""
     reader, writer = await connect(served)
-    writer.write(post(body=b"ticks"))
-    await reader.readuntil(b"data: tick\n\n")
-    writer.close()
-    await asyncio.wait_for(served.cancelled.wait(), 5)
-
-
-async def test_a_client_gone_while_its_stream_is_idle_is_noticed_at_once(served: Served) -> None:
-    """The engine is silent (a long prefill, a queue): no write of the stream's own would show the
-    client has gone, so its FIN is answered with an SSE comment, which a closed socket answers with
-    an RST (`halfclose`); the request is cancelled (and with it the upstream generation) now."""
-    reader, writer = await connect(served)
-    writer.write(post(body=b"stream"))
-    await reader.readuntil(b"data: 1\n\n")
+    writer.write(post(body=body))
+    await reader.readuntil(first)
     writer.close()
     await asyncio.wait_for(served.cancelled.wait(), 5)
 
