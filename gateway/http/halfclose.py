@@ -6,12 +6,11 @@ cancelled, which aborts the upstream generation). TCP shows no difference until 
 something: a closed socket answers any data with RST. So both fronts keep the connection after the
 FIN and, while a request still runs, watch it: if the response has not started and the request is
 HTTP/1.1, they send `100 Continue` (a client must accept and skip an unasked 1xx, RFC 9110 15.2; an
-HTTP/1.0 client gets none); if an event stream has started (the native front), an SSE comment (`:`,
-which every SSE client skips, RFC-like in the WHATWG spec: "lines starting with a colon are
-ignored"), so that a stream the engine is still silent on (a long prefill, a queue) learns its
-client has gone now rather than at its next token; and every `interval_s` they read the socket's
-pending error (`SO_ERROR`). An RST, provoked by that probe or by the response's own writes, shows
-there, and `gone()` is called.
+HTTP/1.0 client gets none); if an event stream has started (the native front), an SSE comment (`:`:
+the WHATWG event-stream format says a line that starts with a colon is ignored), so that a stream
+the engine is still silent on (a long prefill, a queue) learns its client has gone now rather than
+at its next token; and every `interval_s` they read the socket's pending error (`SO_ERROR`). An RST,
+provoked by that probe or by the response's own writes, shows there, and `gone()` is called.
 """
 
 from __future__ import annotations

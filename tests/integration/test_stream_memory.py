@@ -4,8 +4,8 @@ gateway holds per open stream does not grow with the prompt. Measured as the ser
 resident memory while 40 streams of 64 KiB prompts are held open by a backend that sends
 one event and then waits (tests/integration/fakes.py); before, each held ~2x its request (44.8 KiB
 a stream for a 16 KiB request, bench/results/scale-analysis.md). A real `gateway serve`, the
-official SDK. (A closed client is not waited for: a FIN is not noticed while a stream is idle, see
-scale-analysis.md; the gateway's stop ends the held streams.)"""
+official SDK. Closing the streams ends them at the backend too, though it is silent: the FIN each
+client sends is answered with an SSE comment, whose RST shows the client gone (`http/halfclose.py`)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def test_an_open_stream_does_not_hold_its_prompt(holding: HoldingStreamServer, g
     for s in warm + streams:
         s.close()
     client.close()
+    eventually(lambda: holding.open == 0)  # every upstream stream closed, none waiting for a token
     # Held, the request would be >= 2 x 64 KiB a stream (142 KiB with round_robin, 184 with
     # prefix_affinity, before); let go, what is left is the stream's own ~12 KiB, plus, where the
     # policy reads the prompt's blocks, the routing ticket's block hashes (~40 KiB for this prompt),
