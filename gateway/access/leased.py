@@ -13,9 +13,11 @@ refreshed.
 What the source cannot decide in time is decided here, never by waiting longer:
 - while a round has been under way for longer than `patience_s` (a stalled hub, a store about to
   time out), and for an admission that waited that long, the `stand_in` decides: a `ShareLimiter`
-  that follows every answer, starting from this holder's share of what the authority had and
-  refilling at its share of the rate, so that N holders deciding on their own while the authority
-  is stalled admit about the budget, not N times it. What it admits is owed: reported in the next
+  that follows every answer, starting from what the authority promised this holder (`Grant.promised`:
+  the promises of all holders add up to at most what the bucket had) and refilling at its share of
+  the rate, so that N holders deciding on their own while the authority is stalled admit at most the
+  budget, not N times it. A promise lapses `HOLDER_TTL_S` after the settle that brought it (the
+  authority then counts it free again). What the stand-in admits is owed: reported in the next
   settle (`Ask.spent`) and taken from the bucket then, so that the budget over any minute holds;
 - while the source is down (the store marked down), `fallback` decides (the host's buckets for the
   workers of a supervisor, else this process's: limits per replica for the outage, as logged).
@@ -28,16 +30,27 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..tasks import cancel_all
-from .leases import WAIT, Ask, Grant, Lease
+from .leases import HOLDER_TTL_S, WAIT, Ask, Grant, Lease
 from .ratelimit import Bucket, Decision, KeyLimits, Limiter
 
 log = logging.getLogger(__name__)
 
 FLUSH_S = 0.02  # tokens charged are reported this long after the first of them
 TICK_S = 0.05  # how often leases are looked over for background settles
+
+
+async def _outlived(waited: asyncio.Future[Any]) -> None:
+    """Wait for `waited` to end, cancelled or not; a cancellation of the waiter itself (a timeout
+    around `flush`) still propagates (suppressing every CancelledError here kept `close` waiting for
+    ever on a settle that never answers)."""
+    try:
+        await asyncio.shield(waited)
+    except asyncio.CancelledError:
+        if not waited.cancelled():
+            raise
 
 
 class SourceDown(Exception):
@@ -56,16 +69,19 @@ class Source(Protocol):
 
 class ShareLimiter:
     """A holder's own buckets at its share of each key's budget: the fallback while its source is
-    stalled. `follow` sets them from each answer (so they start from what the authority had, not
-    full); between answers they refill at the share of the rate. A key this holder never had an
-    answer for starts empty: what is left of its budget is unknown here, and another holder (a
-    worker the key's earlier requests went to) may hold all of it; starting full let a stalled
-    supervisor's second worker admit a whole budget more (33 of 20 in a minute)."""
+    stalled. `follow` sets them from each answer: the request bucket to what the authority promised
+    (less what was admitted here on its own since the ask), the token bucket to the share of the
+    authority's level; between answers they refill at the share of the rate, and a request bucket
+    whose promise lapsed starts again from empty. A key this holder never had an answer for starts
+    empty: what is left of its budget is unknown here, and another holder (a worker the key's earlier
+    requests went to) may hold all of it; starting full let a stalled supervisor's second worker admit
+    a whole budget more (33 of 20 in a minute)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._buckets: dict[tuple[str, str], Bucket] = {}
         self._shares: dict[str, float] = {}
+        self._lapses: dict[str, float] = {}  # when each key's promise lapses (after it: popped, bucket emptied)
         self.share_of_unknown = 1.0  # a key never answered: 1 / the most holders seen on any key
 
     def _bucket(self, key_id: str, kind: str, per_minute: int, now: float) -> Bucket:
@@ -77,16 +93,22 @@ class ShareLimiter:
         bucket.refill(now)
         if bucket.capacity != capacity:
             bucket.rescaled(capacity)
+        if kind == "requests" and now >= self._lapses.get(key_id, math.inf):
+            del self._lapses[key_id]  # the authority may have granted the promised units to others by now
+            bucket.level = min(bucket.level, 0.0)
         return bucket
 
-    def follow(self, key: KeyLimits, grant: Grant) -> None:
+    def follow(self, key: KeyLimits, grant: Grant, *, asked_at: float, spent_since: int) -> None:
+        """An answer to an ask sent at `asked_at`; `spent_since`: what this stand-in admitted after."""
         now = self._clock()
         share = 1.0 / max(grant.holders, 1)
         self._shares[key.id] = share
         self.share_of_unknown = min(self.share_of_unknown, share)
         if key.requests_per_minute and grant.requests is not None:
+            self._lapses.pop(key.id, None)
             bucket = self._bucket(key.id, "requests", key.requests_per_minute, now)
-            bucket.level = min(bucket.capacity, grant.requests * share)
+            bucket.level = min(bucket.capacity, grant.promised - spent_since)
+            self._lapses[key.id] = asked_at + HOLDER_TTL_S  # before the authority's own clock lets it go
         if key.tokens_per_minute and grant.tokens is not None:
             bucket = self._bucket(key.id, "tokens", key.tokens_per_minute, now)
             bucket.level = min(bucket.capacity, grant.tokens * share)
@@ -261,7 +283,7 @@ class LeasedLimiter:
                     self._round_trip_s = took if not self._round_trip_s else 0.8 * self._round_trip_s + 0.2 * took
                     for (key, lease, _), grant in zip(batch, grants, strict=True):
                         lease.answered(grant, done)
-                        self.stand_in.follow(key, grant)
+                        self.stand_in.follow(key, grant, asked_at=now, spent_since=lease.spent)
         finally:
             self._round_started = None
             if answered is not None and not answered.done():
@@ -294,12 +316,9 @@ class LeasedLimiter:
         """Settle every lease now: report what is owed (tests, and before closing)."""
         self._urgent.update(self._leases)
         while self._round is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self._round)
+            await _outlived(self._round)
         if self._urgent and self._source.available():
-            answered = self._kick()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(answered)
+            await _outlived(self._kick())
 
     async def close(self) -> None:
         """Give back what is held and report what is owed (bounded by the patience), then stop."""

@@ -18,7 +18,17 @@ The authority's rule (`settle`, and the same in Lua for Redis, `access.shared_li
   zero, and the next requests wait until it refills;
 - the grant is at most what was wanted, the whole units there are, and a fair share of them:
   `ceil(units / holders)`, where holders are the processes that settled this key in the last
-  `HOLDER_TTL_S` seconds, so that one holder cannot take the bucket from the others.
+  `HOLDER_TTL_S` seconds, so that one holder cannot take the bucket from the others;
+- every answer also *promises* the holder a part of what is left (`Grant.promised`): what it may
+  admit on its own should the authority stop answering (its stand-in, `leased.ShareLimiter`). The
+  units other holders were promised are not granted (`Grant.requests` is the level less them), so
+  that all the holders' stand-ins together admit at most what the bucket had, however old each one's
+  answer is. A promise holds while its holder is a holder (`HOLDER_TTL_S` after its last settle); it
+  is the whole units in `1 / (holders + 1)` of what the others' promises leave, one share kept for a
+  holder not yet seen (whole units: a fraction of one would keep a small budget's last unit from
+  everyone).
+  (Shares of the level as each holder last saw it did not hold: a worker that answered one request,
+  and then saw none while its peer took seven of the units, admitted 19 of 20 more on its own.)
 
 Units are deducted when granted, so whatever the holders do the fleet admits at most what the
 authority granted: the configured budget. What a lease costs is the other way: units held by a
@@ -79,18 +89,19 @@ class Grant:
     how many holders share the key."""
 
     granted: int
-    requests: float | None
+    requests: float | None  # what is left for this holder: the level less the others' promises
     tokens: float | None
     holders: int
+    promised: float = 0.0  # request units this holder may admit on its own, should the authority stall
 
     def encode(self) -> list[object]:
-        return [self.granted, self.requests, self.tokens, self.holders]
+        return [self.granted, self.requests, self.tokens, self.holders, self.promised]
 
     @staticmethod
     def decode(raw: list[object]) -> Grant:
-        granted, requests, tokens, holders = raw
+        granted, requests, tokens, holders, promised = raw
         return Grant(int(str(granted)), None if requests is None else float(str(requests)),
-                     None if tokens is None else float(str(tokens)), max(1, int(str(holders))))
+                     None if tokens is None else float(str(tokens)), max(1, int(str(holders))), float(str(promised)))
 
 
 def grant_size(level: float, want: int, holders: int) -> int:
@@ -121,32 +132,41 @@ class Authority:
         self._requests: dict[str, Stored] = {}
         self._tokens: dict[str, Stored] = {}
         self._holders: dict[str, dict[str, float]] = {}
+        self._promises: dict[str, dict[str, float]] = {}
 
     def settle(self, holder: str, ask: Ask, now: float) -> Grant:
         seen = self._holders.setdefault(ask.key, {})
+        promises = self._promises.setdefault(ask.key, {})
         seen[holder] = now
         for name in [h for h, at in seen.items() if now - at > HOLDER_TTL_S]:
             del seen[name]
+            promises.pop(name, None)
         holders = len(seen)
-        granted, requests, tokens = 0, None, None
+        granted, requests, tokens, promised = 0, None, None, 0.0
         if ask.requests_per_minute > 0:
             cap = float(ask.requests_per_minute)
             old = self._requests.get(ask.key)
             level = min(cap, (cap if old is None else old.now(cap, now)) + ask.returned) - ask.spent
-            granted = grant_size(level, ask.want, holders)
-            requests = level - granted
-            self._requests[ask.key] = Stored(requests, now, cap)
+            others = sum(v for h, v in promises.items() if h != holder)
+            granted = grant_size(level - others, ask.want, holders)
+            level -= granted
+            self._requests[ask.key] = Stored(level, now, cap)
+            requests = level - others
+            promised = promises[holder] = float(max(math.floor(requests / (holders + 1)), 0))
         if ask.tokens_per_minute > 0:
             cap = float(ask.tokens_per_minute)
             old = self._tokens.get(ask.key)
             tokens = (cap if old is None else old.now(cap, now)) - ask.tokens
             self._tokens[ask.key] = Stored(tokens, now, cap)
-        return Grant(granted, requests, tokens, holders)
+        return Grant(granted, requests, tokens, holders, promised)
 
     def forget(self, holder: str) -> None:
-        """A holder is gone (a worker exited): it no longer counts for the fair share."""
+        """A holder is gone (a worker exited): it no longer counts for the fair share, and what it
+        was promised is free again."""
         for seen in self._holders.values():
             seen.pop(holder, None)
+        for promises in self._promises.values():
+            promises.pop(holder, None)
 
 
 Verdict = tuple[int, str] | str | None  # None: admitted; (Retry-After s, kind): refused; WAIT

@@ -34,9 +34,9 @@ from .leased import SourceDown
 from .leases import HOLDER_TTL_S, Ask, Grant
 
 # One key's buckets: KEYS = request bucket, token bucket, the key's holders (a sorted set by the
-# millisecond each last settled); ARGV = requests/min, tokens/min (0: no limit), units wanted, units
-# returned, tokens charged, the holder's name, the holders' time to live (ms), units spent without a
-# grant. Levels are stored with
+# millisecond each last settled), the holders' promises (a hash: holder -> units); ARGV =
+# requests/min, tokens/min (0: no limit), units wanted, units returned, tokens charged, the holder's
+# name, the holders' time to live (ms), units spent without a grant. Levels are stored with
 # the millisecond they were computed at and the capacity they were computed for; a bucket that would
 # be full again expires (absent = full). The same rule as `leases.Authority.settle`.
 SETTLE = """
@@ -61,23 +61,35 @@ redis.call('ZADD', KEYS[3], now, ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - ttl)
 redis.call('PEXPIRE', KEYS[3], ttl)
 local holders = redis.call('ZCARD', KEYS[3])
-local granted, req, tok = 0, '', ''
+local others = 0
+local promises = redis.call('HGETALL', KEYS[4])
+for i = 1, #promises, 2 do
+  if not redis.call('ZSCORE', KEYS[3], promises[i]) then
+    redis.call('HDEL', KEYS[4], promises[i])
+  elseif promises[i] ~= ARGV[6] then
+    others = others + tonumber(promises[i + 1])
+  end
+end
+local granted, req, tok, promised = 0, '', '', 0
 if rpm > 0 then
   local lvl = math.min(rpm, level(KEYS[1], rpm) + returned) - spent
-  local whole = math.floor(lvl)
+  local whole = math.floor(lvl - others)
   if want > 0 and whole >= 1 then
     granted = math.min(want, whole, math.max(1, math.ceil(whole / holders)))
   end
   lvl = lvl - granted
   store(KEYS[1], rpm, lvl)
-  req = string.format('%.17g', lvl)
+  req = string.format('%.17g', lvl - others)
+  promised = math.max(math.floor((lvl - others) / (holders + 1)), 0)
+  redis.call('HSET', KEYS[4], ARGV[6], promised)
+  redis.call('PEXPIRE', KEYS[4], ttl)
 end
 if tpm > 0 then
   local lvl = level(KEYS[2], tpm) - tokens
   store(KEYS[2], tpm, lvl)
   tok = string.format('%.17g', lvl)
 end
-return {granted, req, tok, holders}
+return {granted, req, tok, holders, promised}
 """
 
 
@@ -117,7 +129,7 @@ class RedisSource:
 
     def keys(self, key_id: str) -> list[str]:
         tag = "{" + key_id + "}"  # one hash slot per key, should the store be a Redis Cluster
-        return [self._store.key("rl", tag, kind) for kind in ("requests", "tokens", "holders")]
+        return [self._store.key("rl", tag, kind) for kind in ("requests", "tokens", "holders", "promises")]
 
     def available(self) -> bool:
         return self._store.up
@@ -139,7 +151,7 @@ class RedisSource:
         for answer in answers:
             if isinstance(answer, Exception):
                 raise SourceDown(f"{type(answer).__name__}: {answer}")
-            granted, requests, tokens, holders = (_text(x) for x in answer)
+            granted, requests, tokens, holders, promised = (_text(x) for x in answer)
             grants.append(Grant(int(granted), float(requests) if requests else None,
-                                float(tokens) if tokens else None, max(1, int(holders))))
+                                float(tokens) if tokens else None, max(1, int(holders)), float(promised)))
         return grants

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.access.leased import LeasedLimiter
+from gateway.access.leases import Ask, Authority
 from gateway.access.ratelimit import KeyLimiter, Limiter, Limits, LocalLimiter
 from gateway.access.shared_limits import RedisSource
 from gateway.cluster.fleet import FleetStats
@@ -81,6 +82,22 @@ async def test_concurrent_replicas_cannot_overspend_a_bucket(stores: list[Store]
     refill = (time.monotonic() - started) * 50 / 60
     granted = [r.refused for r in results].count(None)
     assert 50 <= granted <= 50 + refill + 1
+
+
+async def test_the_script_promises_what_the_authority_does(stores: list[Store]) -> None:
+    """Redis's Lua twin of `leases.Authority`, on the sequence where shares of stale views overspent
+    (one settle by a, seven by b, a spending on its own, one holder returning): the same grants and
+    promises, the same levels left (up to the refill of a few milliseconds)."""
+    a, b = (RedisSource(s, holder=name) for s, name in zip(stores, "ab", strict=False))
+    authority = Authority()
+    steps = [(a, Ask("promise", 20, 0, want=1))] + [(b, Ask("promise", 20, 0, want=1))] * 7 + [
+        (a, Ask("promise", 20, 0, spent=3)), (b, Ask("promise", 20, 0, returned=2, want=5)),
+    ]
+    for source, ask in steps:
+        (got,) = await source.settle([ask])
+        want = authority.settle(source.holder, ask, time.monotonic())
+        assert (got.granted, got.promised, got.holders) == (want.granted, want.promised, want.holders)
+        assert got.requests == pytest.approx(want.requests, abs=0.05)
 
 
 async def test_tokens_overdraw_and_refuse_until_refilled(stores: list[Store]) -> None:

@@ -62,6 +62,38 @@ def test_holders_that_went_quiet_no_longer_count() -> None:
     assert authority.settle("a", Ask("k", 60, 0), 10.0).holders == 1
 
 
+def test_the_promises_add_up_to_at_most_what_the_bucket_has_however_old() -> None:
+    """Holder a settles once; b then takes units seven times. What a's stand-in may admit on its own
+    (its promise, from an answer older than all of b's) and b's, with everything granted, stay within
+    the budget: shares of the level as each last saw it added up to 19 + 6 of what was 12."""
+    authority = Authority()
+    first = authority.settle("a", Ask("k", 20, 0, want=1), 0.0)
+    granted = first.granted
+    last = first
+    for i in range(7):
+        last = authority.settle("b", Ask("k", 20, 0, want=1), 0.01 * (i + 1))
+        granted += last.granted
+    assert granted == 8
+    assert first.promised + last.promised + granted <= 20
+    assert last.requests == pytest.approx(20 - 8 - first.promised, abs=0.1)  # what b may still be granted (+ refill)
+    assert first.promised >= 1  # and each may admit some on its own
+    assert last.promised >= 1
+
+
+def test_a_small_budget_is_granted_whole_to_two_holders() -> None:
+    """Promises are whole units: a fraction of one must not keep a 2-a-minute key's last unit."""
+    authority = Authority()
+    assert authority.settle("a", Ask("k", 2, 0, want=1), 0.0).granted == 1
+    assert authority.settle("b", Ask("k", 2, 0, want=1), 0.0).granted == 1
+
+
+def test_a_promise_is_free_again_once_its_holder_went_quiet() -> None:
+    authority = Authority()
+    assert authority.settle("a", Ask("k", 60, 0), 0.0).promised == 30
+    assert authority.settle("b", Ask("k", 60, 0), 0.0).requests == pytest.approx(30)
+    assert authority.settle("b", Ask("k", 60, 0), 10.0).requests == pytest.approx(60)
+
+
 def test_a_lease_admits_from_what_it_holds_and_refuses_on_the_last_answer() -> None:
     lease = Lease()
     assert lease.decide(60, 0, 0.0) == WAIT  # nothing known yet
