@@ -26,13 +26,16 @@ SECTION_TITLES = {
 
 
 def targets_table(res: dict[str, Any], p: Points) -> list[str]:
-    """Issue 13's three targets, for the build `make install` makes and for the pure-Python one."""
+    """Issue 13's three targets and issue 26's (CPU per request at or below vllm-router's in both
+    delivery styles), for the build `make install` makes and for the pure-Python one."""
     builds = [b for b in ("gateway", "pure") if any(p.of(s, b) for s in "abc")]
     label = {"gateway": "as `make install` builds it", "pure": "pure-Python build"}
-    out = ["| target (issue 13) | build | goal | measured | ratio / difference (median of rounds) | |",
+    out = ["| target (issues 13, 26) | build | goal | measured | ratio / difference (median of rounds) | |",
            "|---|---|---|---|---|---|"]
     for section, what in (("a", "non-streaming CPU per request"),
-                          ("b", "streaming CPU per request, 20 events in one write")):
+                          ("b", "streaming CPU per request, 20 events in one write"),
+                          ("c", f"streaming CPU per request, one event per write, {_events(res)} events"),
+                          ("c_long", "streaming CPU per request, one event per write, the long answer")):
         vr = p.med(section, "vllm-router", "cpu_us_per_req")
         for b in builds:
             mine = p.med(section, b, "cpu_us_per_req")
