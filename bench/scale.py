@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
+import os
 import subprocess
 import sys
 import time
@@ -342,7 +343,8 @@ def workers_section(plan: Plan, tmp: Path, names: list[str], step: Step,
                     done: Callable[[], None]) -> dict[str, Any]:
     step("workers: --workers 1 and 2, non-streaming")
     rows = workers.scaling((1, 2), tmp, runs=plan.workers_runs, duration_s=plan.workers_duration_s, advance=done)
-    out: dict[str, Any] = {"rows": rows, "ratio": scale_stats.ratio_of_medians(rows[0]["rps"], rows[1]["rps"])}
+    out: dict[str, Any] = {"rows": rows, "ratio": scale_stats.ratio_of_medians(rows[0]["rps"], rows[1]["rps"]),
+                           "cores": os.cpu_count() or 1}
     if "vllm-router" in names:  # a reference: one multi-threaded process on the same 2 cores
         step("workers: vllm-router, the same load")
         nginx = procs.Nginx(tmp)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench import workers
+
 TARGET_KIB = 16.0
 TARGET_LAG_MS = 10.0
 TARGET_RATIO = 1.8
@@ -96,13 +98,25 @@ def workers_table(res: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     base = rows[0]["median_rps"]
-    lines = ["| target | req/s (median) | runs | vs 1 worker | others' cores per run |", "|---|---:|---|---:|---|"]
+    lines = ["| target | req/s (median) | runs | vs 1 worker | CPU µs per request: target / nginx / wrk "
+             "| others' cores per run |", "|---|---:|---|---:|---|---|"]
     named = [(f"gateway --workers {r['workers']}", r) for r in rows]
     if wk.get("vllm-router"):
         named.append(("vllm-router (one process, its own threads)", wk["vllm-router"]))
     for label, r in named:
+        cpu = r.get("cpu_us_per_request") or {}
+        per_request = " / ".join(_f(cpu.get(k), "{:.1f}") for k in ("target", "upstream", "wrk")) if cpu else "–"
         lines.append(f"| {label} | {r['median_rps']:,.0f} | {', '.join(f'{x:,.0f}' for x in r['rps'])} | "
-                     f"{r['median_rps'] / base:.2f}x | {', '.join(f'{o:.2f}' for o in r['others_cores'])} |")
+                     f"{r['median_rps'] / base:.2f}x | {per_request} | "
+                     f"{', '.join(f'{o:.2f}' for o in r['others_cores'])} |")
+    cores = wk.get("cores")
+    top = workers.ceiling(rows[0], cores) if cores else None
+    if top is not None and len(rows) > 1:
+        lines += ["", f"The ceiling of these {cores} cores: at one worker's CPU per request (the gateway's, "
+                  f"nginx's and wrk's, all on the same cores), they give at most {top:,.0f} req/s, "
+                  f"{top / base:.2f}x one worker; `--workers {rows[-1]['workers']}` reached "
+                  f"{rows[-1]['median_rps'] / top:.0%} of it. A ratio of 1.8x needs a machine where the "
+                  "load generator and the upstream do not share the gateway's cores."]
     return lines
 
 

@@ -39,24 +39,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def wrk_runs(url: str, pgid: int, upstream: Nginx, tmp: Path, *, runs: int, duration_s: float,
              advance: Callable[[], None]) -> dict[str, Any]:
-    """A warm-up, then `runs` wrk runs against `url`: req/s of each, and the cores the rest of the
-    machine used meanwhile (everything but the target's process group, nginx and wrk)."""
+    """A warm-up, then `runs` wrk runs against `url`: req/s of each, the CPU µs per request of the
+    target's process group, of nginx and of wrk (what bounds the req/s the shared cores can give,
+    `ceiling`), and the cores the rest of the machine used meanwhile."""
     body = tmp / "chat.json"
     body.write_bytes(orjson.dumps(chat_bodies.chat()))
     script = wrk.write_script(tmp)
     target = url + "/v1/chat/completions"
     wrk.run(target, body, script, connections=64, duration_s=WARMUP_S)
     rps, others, errors = [], [], 0
+    us: dict[str, list[float]] = {"target": [], "upstream": [], "wrk": []}
     for _ in range(runs):
         cpu0, up0, busy0, t0 = procs.group_cpu_seconds(pgid), upstream.cpu_seconds(), \
             procs.machine_busy_seconds(), time.monotonic()
         r = wrk.run(target, body, script, connections=64, duration_s=duration_s)
-        ours = procs.group_cpu_seconds(pgid) - cpu0 + upstream.cpu_seconds() - up0 + r.wrk_cpu_s
-        others.append(others_cpu(procs.machine_busy_seconds() - busy0, ours, time.monotonic() - t0))
+        spent = {"target": procs.group_cpu_seconds(pgid) - cpu0, "upstream": upstream.cpu_seconds() - up0,
+                 "wrk": r.wrk_cpu_s}
+        others.append(others_cpu(procs.machine_busy_seconds() - busy0, sum(spent.values()), time.monotonic() - t0))
+        for name, seconds in spent.items():
+            us[name].append(seconds / max(r.requests, 1) * 1e6)
         rps.append(r.rps)
         errors += r.errors
         advance()
-    return {"rps": rps, "median_rps": median(rps), "others_cores": others, "errors": errors}
+    return {"rps": rps, "median_rps": median(rps), "others_cores": others, "errors": errors,
+            "cpu_us_per_request": {name: median(v) for name, v in us.items()}}
+
+
+def ceiling(row: dict[str, Any], cores: int) -> float | None:
+    """The req/s `cores` can give at most with the CPU per request of `row` (the target's, nginx's and
+    wrk's, all on the same cores): what N workers could reach if their CPU per request stayed as
+    measured. One worker's own bound is one core: 1e6 / its µs per request."""
+    cpu = row.get("cpu_us_per_request")
+    if not cpu or not sum(cpu.values()):
+        return None
+    return float(cores * 1e6 / sum(cpu.values()))
 
 
 def scaling(counts: Sequence[int], tmp: Path, *, runs: int, duration_s: float,

@@ -72,3 +72,17 @@ def test_a_run_of_one_section_renders_without_the_others() -> None:
     assert scale_report.active_table(res)[2:] == []
     assert scale_report.workers_table(res) == []
     assert math.isfinite(res["idle"][0]["slope_kib"])
+
+
+def test_the_workers_table_computes_the_ceiling_of_the_shared_cores() -> None:
+    """One worker at 60 µs a request, nginx 15 and wrk 25: 2 cores give at most 2e6 / 100 = 20,000
+    req/s, set against one worker's measured req/s and what two workers reached."""
+    res = result()
+    one, two = res["workers"]["rows"]
+    one["cpu_us_per_request"] = {"target": 60.0, "upstream": 15.0, "wrk": 25.0}
+    two["cpu_us_per_request"] = {"target": 62.0, "upstream": 15.0, "wrk": 25.0}
+    res["workers"]["cores"] = 2
+    text = "\n".join(scale_report.workers_table(res))
+    assert "| 60.0 / 15.0 / 25.0 |" in text
+    assert "at most 20,000 req/s, 20.00x one worker" in text  # one worker's median here is 1,000 req/s
+    assert "reached 10% of it" in text  # 1,950 of 20,000
