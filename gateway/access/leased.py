@@ -105,9 +105,8 @@ class ShareLimiter:
         self._shares[key.id] = share
         self.share_of_unknown = min(self.share_of_unknown, share)
         if key.requests_per_minute and grant.requests is not None:
-            self._lapses.pop(key.id, None)
             bucket = self._bucket(key.id, "requests", key.requests_per_minute, now)
-            bucket.level = min(bucket.capacity, grant.promised - spent_since)
+            bucket.level = min(bucket.capacity, grant.promised - spent_since)  # (a lapse there is replaced)
             self._lapses[key.id] = asked_at + HOLDER_TTL_S  # before the authority's own clock lets it go
         if key.tokens_per_minute and grant.tokens is not None:
             bucket = self._bucket(key.id, "tokens", key.tokens_per_minute, now)
