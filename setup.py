@@ -81,9 +81,11 @@ NATIVE = [
     "gateway/stats/window.py",
 ]
 
-# Written in C, built with the compiled modules: the SSE relay's scan of a run of ordinary token
-# events (why: gateway/proxy/sse_scan.py, its Python reference and the pure build's fallback).
-C_EXTENSIONS = [Extension("gateway.proxy._sse_scan", ["gateway/proxy/_sse_scan.c"], extra_compile_args=["-O2"])]
+# Written in C, built with the compiled modules: the SSE relay's walk over a read's events and the JSON
+# facts it reads of a chunk (why: gateway/proxy/sse_scan.py, their Python reference and the pure
+# build's fallback).
+C_EXTENSIONS = [Extension("gateway.proxy._sse_scan", ["gateway/proxy/_sse_scan.c", "gateway/proxy/_json_facts.c"],
+                          depends=["gateway/proxy/_json_facts.h"], extra_compile_args=["-O2"])]
 
 ext_modules = []
 if os.environ.get("GATEWAY_NATIVE") == "1":

@@ -38,9 +38,13 @@ def compiled(root: Path = _ROOT) -> list[str]:
 
 
 def stale(root: Path = _ROOT) -> list[str]:
-    """Sources edited after their compiled module was built, relative to `root`."""
-    return sorted(str(source.relative_to(root)) for so, source in _pairs(root)
-                  if source.stat().st_mtime > so.stat().st_mtime)
+    """Sources edited after their compiled module was built, relative to `root` (a C extension's are
+    every C source and header beside it: it may be built from several)."""
+    names: set[str] = set()
+    for so, source in _pairs(root):
+        sources = [source] if source.suffix == ".py" else [*source.parent.glob("*.c"), *source.parent.glob("*.h")]
+        names.update(str(s.relative_to(root)) for s in sources if s.stat().st_mtime > so.stat().st_mtime)
+    return sorted(names)
 
 
 def check(root: Path = _ROOT) -> None:

@@ -54,6 +54,11 @@ _BLANK: Final = (13, 10)  # CR, LF: empty lines between requests are skipped (RF
 _SIZE_LINES: Final = tuple(b"%x\r\n" % n for n in range(4096))
 
 
+def _size_line(n: int) -> bytes:
+    """The size line of a chunk of `n` bytes."""
+    return _SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n
+
+
 def take_body(msg: Message) -> bytes:
     """The request's body, which `msg` stops holding: the task serving the request keeps `msg` (its
     headers) for as long as the response lasts, a stream's included, and the body only until it is
@@ -117,17 +122,18 @@ class NativeSink:
         if not self._chunked:
             self._keep_alive = False
         head = self._head(status, headers, "Transfer-Encoding: chunked\r\n" if self._chunked else "")
-        if self._chunked:
-            self._conn.write(head + self._frame(body) + b"0\r\n\r\n" if body else head + b"0\r\n\r\n")
-        else:
+        if not self._chunked:
             self._conn.write(head + body)
+        elif body:  # (one join: `+` would copy the body three times)
+            self._conn.write(b"".join((head, _size_line(len(body)), body, b"\r\n0\r\n\r\n")))
+        else:
+            self._conn.write(head + b"0\r\n\r\n")
         self._conn.response_done(self._keep_alive)
 
     def _frame(self, data: bytes) -> bytes:
         if not self._chunked:
             return data
-        n = len(data)
-        return b"%b%b\r\n" % (_SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, data)
+        return b"%b%b\r\n" % (_size_line(len(data)), data)
 
     async def write(self, data: bytes) -> None:
         """Raises ConnectionResetError once the client has gone."""

@@ -1,24 +1,40 @@
-/* The run of ordinary token events in an SSE read, in C: `sse_scan.reference_run` is the reference
- * (the same rules in Python, what the pure build runs) and the documentation; tests/unit/gateway/
- * test_sse_scan.py checks this against it and against an oracle.
+/* The SSE relay's walk over a read's complete events, in C. `sse_scan.py` holds the Python reference
+ * of each function here (what the pure build runs) and says what the rules are; tests/unit/gateway/
+ * test_sse_scan.py and test_relay.py check this against them (orjson for the JSON) and against oracles.
  *
- * Why C: in a read holding many events (a short answer sent in one write), the compiled Python walk
- * spent ~2k instructions on each ordinary event, most of it in `bytes.find`'s argument parsing and
- * its search for a two-byte pattern (byte by byte), plus a slice per comparison. Here an event is a
- * memcmp of its prefix, a memchr for its end and a memcmp of its suffix (bench/results/instructions.md).
+ * Why C: a stream that arrives in one read (a short answer sent in one write) is walked an event at a
+ * time. Compiled by mypyc, an ordinary token event cost ~2k instructions (`bytes.find`'s argument
+ * parsing, a byte-by-byte search for a two-byte pattern, slices), and each other event (the role
+ * chunk, the first token, the finish chunk) a full orjson parse into dicts and strings that the relay
+ * then asked three questions of: is it an error, does it carry usage, did it carry output. Here an
+ * ordinary event is a memcmp, a memchr and a memcmp, and another event one pass over its bytes that
+ * validates its JSON and answers the three questions without building anything.
  *
- * ordinary_run(buf, pos, stop, prefix, suffix, client, max_text) -> (end, count, renamed)
- *   From `pos`, skips blank lines and ordinary events (`prefix`, then 1..max_text bytes of text not
- *   starting with a quote, then `suffix`, which ends the event with its blank line) up to `stop`, the
- *   end of the read's complete events. `end`: where the first other event starts (or `stop`);
- *   `count`: the ordinary events passed; `renamed`: buf[pos:end] with each ordinary event's prefix
- *   replaced by `client`, or None when `client` is None or no event was passed.
+ * relay_run(buf, pos, stop, prefix, suffix, client, old, new, max_text, include_usage)
+ *     -> (end, piece, tokens, done, learned, usage)
+ *   Walks the complete events of buf[pos:stop] (`stop` ends a blank line) and relays those it can,
+ *   stopping at the first one it leaves to the caller (`end`; `stop` when none): an error event, or
+ *   one whose JSON it is not sure of exactly as orjson would read it. `piece` is buf[pos:end] as the
+ *   client gets it (the model renamed, a usage chunk dropped when the client did not ask for it), or
+ *   None when that is unchanged; `tokens` the events that carried output; `done` whether `[DONE]` was
+ *   passed; `learned` the (prefix, suffix, client) this walk learned from the first single-choice
+ *   token event when `prefix` was None, else None; `usage` the last usage read, as (prompt,
+ *   completion, cached or None), else None. `client` is `prefix` with the backend's model renamed
+ *   (`old` -> `new`: every other event passed has each `old` replaced; None, None: no renaming).
+ *
+ * event_facts(buf, start, end) -> (error, usage, choices, choices_is_list, len(choices), has_text)
+ *   or None: what the relay takes from the JSON object buf[start:end] (`sse_scan.facts_of`), or None
+ *   when it is not one this reader is sure of (what `relay_run` leaves to the caller).
  *
  * event_end(buf, pos, stop) -> int: where the next event ends (`sse_scan.reference_end`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+
+#include "_json_facts.h"
+
+typedef const unsigned char *cp;
 
 static int
 as_index(PyObject *o, Py_ssize_t *out)
@@ -44,112 +60,354 @@ event_end(const char *buf, Py_ssize_t body, Py_ssize_t limit, Py_ssize_t stop)
     return -1;
 }
 
-static PyObject *
-renamed_run(const char *buf, Py_ssize_t start, Py_ssize_t end, const Py_ssize_t *starts, Py_ssize_t count,
-            Py_ssize_t plen, PyObject *client)
+/* Where `pat` (two bytes or more) first occurs in s[0:n], or -1. A memchr for its second byte: the
+ * patterns here open with a quote, which every JSON key and string also does (glibc's memmem costs
+ * ~400 instructions a call to set up, more than this spends on a whole event). */
+static Py_ssize_t
+find(const char *s, Py_ssize_t n, const char *pat, Py_ssize_t m)
 {
-    const char *cli = PyBytes_AS_STRING(client);
-    Py_ssize_t clen = PyBytes_GET_SIZE(client);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (end - start) + count * (clen - plen));
-    if (out == NULL)
-        return NULL;
-    char *w = PyBytes_AS_STRING(out);
-    Py_ssize_t from = start;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        memcpy(w, buf + from, (size_t)(starts[i] - from));
-        w += starts[i] - from;
-        memcpy(w, cli, (size_t)clen);
-        w += clen;
-        from = starts[i] + plen;
+    if (m < 2) {
+        const char *at = m == 0 ? s : memchr(s, pat[0], (size_t)n);
+        return at == NULL ? -1 : at - s;
     }
-    memcpy(w, buf + from, (size_t)(end - from));
-    return out;
+    const char *p = s + 1, *last = s + n - m + 1;  /* where pat[1] may lie */
+    while (p <= last) {
+        p = memchr(p, pat[1], (size_t)(last - p + 1));
+        if (p == NULL)
+            return -1;
+        if (p[-1] == pat[0] && memcmp(p + 1, pat + 2, (size_t)(m - 2)) == 0)
+            return p - 1 - s;
+        p++;
+    }
+    return -1;
+}
+
+/* bytes.strip()'s whitespace: the data after `data:` is stripped of it before it is parsed */
+static inline int
+py_space(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
+}
+
+/* -- the walk ----------------------------------------------------------------------------------- */
+
+/* The output, written in place into a bytes object of `hint` bytes (enough but for renaming to a
+ * longer name), grown when needed and cut to its length when it is done. */
+typedef struct {
+    PyObject *bytes;
+    Py_ssize_t len, cap, hint;
+} Out;
+
+static int
+put(Out *o, const char *s, Py_ssize_t n)
+{
+    if (o->bytes == NULL || o->len + n > o->cap) {  /* (allocated at the first call, even for nothing) */
+        Py_ssize_t cap = o->bytes == NULL ? o->hint : o->cap * 2;
+        while (cap < o->len + n)
+            cap *= 2;
+        if (o->bytes == NULL)
+            o->bytes = PyBytes_FromStringAndSize(NULL, cap);
+        else if (_PyBytes_Resize(&o->bytes, cap) < 0)
+            return -1;
+        if (o->bytes == NULL)
+            return -1;
+        o->cap = cap;
+    }
+    memcpy(PyBytes_AS_STRING(o->bytes) + o->len, s, (size_t)n);
+    o->len += n;
+    return 0;
+}
+
+/* `event` with each `old` replaced by `new` (non-overlapping, left to right) onto `o`. */
+static int
+put_renamed(Out *o, const char *event, Py_ssize_t n, const char *old, Py_ssize_t olen, const char *new,
+            Py_ssize_t nlen)
+{
+    Py_ssize_t from = 0;
+    for (;;) {
+        Py_ssize_t at = find(event + from, n - from, old, olen);
+        if (at < 0)
+            break;
+        if (put(o, event + from, at) || put(o, new, nlen))
+            return -1;
+        from += at + olen;
+    }
+    return put(o, event + from, n - from);
+}
+
+/* `sse._string_end`: where the JSON string that starts at `start` (past its opening quote) closes. */
+static Py_ssize_t
+string_end(const char *ev, Py_ssize_t n, Py_ssize_t start)
+{
+    Py_ssize_t i = start;
+    for (;;) {
+        const char *q = memchr(ev + i, '"', (size_t)(n - i));
+        if (q == NULL)
+            return -1;
+        i = q - ev;
+        Py_ssize_t backslashes = 0;
+        while (i - 1 - backslashes >= 0 && ev[i - 1 - backslashes] == '\\')
+            backslashes++;
+        if (backslashes % 2 == 0)
+            return i;
+        i++;
+    }
+}
+
+/* `sse.SseRelay._learn`: the prefix, suffix and client prefix of a token event; 0 when it teaches
+ * nothing, -1 on an error (set). */
+static int
+learn(const char *ev, Py_ssize_t n, const char *old, Py_ssize_t olen, const char *new, Py_ssize_t nlen,
+      PyObject **prefix, PyObject **suffix, PyObject **client)
+{
+    static const char *keys[2] = {"\"content\":\"", "\"text\":\""};
+    for (int k = 0; k < 2; k++) {
+        Py_ssize_t klen = (Py_ssize_t)strlen(keys[k]), at = find(ev, n, keys[k], klen);
+        if (at <= 0)
+            continue;
+        Py_ssize_t start = at + klen, end = string_end(ev, n, start);
+        if (end < 0)
+            return 0;
+        *prefix = PyBytes_FromStringAndSize(ev, start);
+        *suffix = PyBytes_FromStringAndSize(NULL, n - end + 2);
+        *client = NULL;
+        if (*prefix == NULL || *suffix == NULL)
+            goto fail;
+        memcpy(PyBytes_AS_STRING(*suffix), ev + end, (size_t)(n - end));
+        memcpy(PyBytes_AS_STRING(*suffix) + (n - end), "\n\n", 2);
+        if (old != NULL) {  /* the model must lie in the prefix, and only there */
+            Py_ssize_t at_old = find(ev, start, old, olen);
+            if (at_old < 0 || find(PyBytes_AS_STRING(*suffix), n - end + 2, old, olen) >= 0) {
+                Py_CLEAR(*prefix);
+                Py_CLEAR(*suffix);
+                return 0;
+            }
+            *client = PyBytes_FromStringAndSize(NULL, start - olen + nlen);
+            if (*client == NULL)
+                goto fail;
+            char *w = PyBytes_AS_STRING(*client);
+            memcpy(w, ev, (size_t)at_old);
+            memcpy(w + at_old, new, (size_t)nlen);
+            memcpy(w + at_old + nlen, ev + at_old + olen, (size_t)(start - at_old - olen));
+        }
+        return 1;
+    fail:
+        Py_CLEAR(*prefix);
+        Py_CLEAR(*suffix);
+        return -1;
+    }
+    return 0;
+}
+
+/* (prompt, completion, cached or None), or None when not valid */
+static PyObject *
+usage_tuple(const Usage *u)
+{
+    if (!u->valid)
+        Py_RETURN_NONE;
+    if (u->has_cached)
+        return Py_BuildValue("(LLL)", u->prompt, u->completion, u->cached);
+    return Py_BuildValue("(LLO)", u->prompt, u->completion, Py_None);
+}
+
+static int
+optional_bytes(PyObject *o, const char **s, Py_ssize_t *n)
+{
+    if (o == Py_None) {
+        *s = NULL;
+        *n = 0;
+        return 1;
+    }
+    if (!PyBytes_Check(o))
+        return 0;
+    *s = PyBytes_AS_STRING(o);
+    *n = PyBytes_GET_SIZE(o);
+    return 1;
 }
 
 static PyObject *
-ordinary_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+relay_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "ordinary_run takes 7 arguments (%zd given)", nargs);
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "relay_run takes 10 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *bufo = args[0], *prefo = args[3], *sufo = args[4], *client = args[5];
-    if (!PyBytes_Check(bufo) || !PyBytes_Check(prefo) || !PyBytes_Check(sufo)
-            || (client != Py_None && !PyBytes_Check(client))) {
-        PyErr_SetString(PyExc_TypeError, "ordinary_run: buf, prefix, suffix (and client) must be bytes");
+    const char *pre, *suf, *cli, *old, *new;
+    Py_ssize_t plen, slen, clen, olen, nlen, pos, stop, max_text;
+    if (!PyBytes_Check(args[0]) || !optional_bytes(args[3], &pre, &plen) || !optional_bytes(args[4], &suf, &slen)
+            || !optional_bytes(args[5], &cli, &clen) || !optional_bytes(args[6], &old, &olen)
+            || !optional_bytes(args[7], &new, &nlen)) {
+        PyErr_SetString(PyExc_TypeError, "relay_run: buf must be bytes, prefix, suffix, client, old and new bytes or None");
         return NULL;
     }
-    Py_ssize_t pos, stop, max_text;
-    if (!as_index(args[1], &pos) || !as_index(args[2], &stop) || !as_index(args[6], &max_text))
+    if (!as_index(args[1], &pos) || !as_index(args[2], &stop) || !as_index(args[8], &max_text))
         return NULL;
-    const char *buf = PyBytes_AS_STRING(bufo), *pre = PyBytes_AS_STRING(prefo), *suf = PyBytes_AS_STRING(sufo);
-    Py_ssize_t n = PyBytes_GET_SIZE(bufo), plen = PyBytes_GET_SIZE(prefo), slen = PyBytes_GET_SIZE(sufo);
+    int include_usage = PyObject_IsTrue(args[9]);
+    if (include_usage < 0)
+        return NULL;
+    const char *buf = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
     if (stop > n)
         stop = n;
-    if (pos < 0 || pos > stop || plen == 0 || slen < 2) {
-        PyErr_SetString(PyExc_ValueError, "ordinary_run: need 0 <= pos <= stop, a prefix and a suffix");
+    if (pos < 0 || pos > stop || (pre != NULL && (plen == 0 || slen < 2)) || (old == NULL) != (new == NULL)
+            || (old != NULL && olen == 0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "relay_run: need 0 <= pos <= stop, a prefix with a suffix, and old with new");
         return NULL;
     }
-    Py_ssize_t start = pos, count = 0, cap = 0;
-    Py_ssize_t small[32], *starts = small;  /* where the renamed events start (only with a client) */
-    if (client != Py_None)
-        cap = 32;
+    if (pre == NULL)
+        cli = NULL;  /* the client's prefix goes with a prefix */
+    PyObject *lp = NULL, *ls = NULL, *lc = NULL;  /* what this walk learned */
+    Out out = {NULL, 0, 0, (stop - pos) + (nlen > olen ? stop - pos : 0) + 16};
+    int changed = 0, done = 0;
+    Usage usage = {0, 0, 0, 0, 0};  /* the last one read */
+    Py_ssize_t copied = pos, tokens = 0;
     for (;;) {
         while (pos < stop && buf[pos] == '\n')
             pos++;
-        Py_ssize_t body = pos + plen;
-        if (body >= stop || buf[body] == '"' || memcmp(buf + pos, pre, (size_t)plen) != 0)
+        if (pos >= stop)
             break;
-        Py_ssize_t limit = body + max_text + slen;
-        Py_ssize_t nxt = event_end(buf, body, limit < stop ? limit : stop, stop);
+        if (pre != NULL) {  /* an ordinary token event? */
+            Py_ssize_t body = pos + plen;
+            if (body < stop && buf[body] != '"' && memcmp(buf + pos, pre, (size_t)plen) == 0) {
+                Py_ssize_t limit = body + max_text + slen;
+                Py_ssize_t nxt = event_end(buf, body, limit < stop ? limit : stop, stop);
+                Py_ssize_t tail = nxt + 2 - slen;  /* where an ordinary event's suffix starts */
+                if (nxt >= 0 && tail > body && tail <= body + max_text && memcmp(buf + tail, suf, (size_t)slen) == 0) {
+                    tokens++;
+                    if (cli != NULL) {
+                        if (put(&out, buf + copied, pos - copied) || put(&out, cli, clen))
+                            goto fail;
+                        changed = 1;
+                        copied = pos + plen;
+                    }
+                    pos = nxt + 2;
+                    continue;
+                }
+            }
+        }
+        Py_ssize_t nxt = event_end(buf, pos, stop, stop);
         if (nxt < 0)
             break;
-        Py_ssize_t tail = nxt + 2 - slen;  /* where an ordinary event's suffix starts */
-        if (tail <= body || tail > body + max_text || memcmp(buf + tail, suf, (size_t)slen) != 0)
-            break;
-        if (cap) {
-            if (count == cap) {
-                Py_ssize_t *grown = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap * 2);
-                if (grown == NULL) {
-                    if (starts != small)
-                        PyMem_Free(starts);
-                    return PyErr_NoMemory();
+        const char *ev = buf + pos;
+        Py_ssize_t elen = nxt - pos;
+        if (elen >= 5 && memcmp(ev, "data:", 5) == 0) {
+            cp s = (cp)ev + 5, e = (cp)buf + nxt;
+            while (s < e && py_space(*s))
+                s++;
+            while (e > s && py_space(e[-1]))
+                e--;
+            if (e - s == 6 && memcmp(s, "[DONE]", 6) == 0) {
+                done = 1;
+                if (elen != 12 || memcmp(ev, "data: [DONE]", 12) != 0) {  /* `data:[DONE]`, ...: as it should be */
+                    if (put(&out, buf + copied, pos - copied) || put(&out, "data: [DONE]", 12))
+                        goto fail;
+                    changed = 1;
+                    copied = nxt;
                 }
-                memcpy(grown, starts, sizeof(Py_ssize_t) * (size_t)count);
-                if (starts != small)
-                    PyMem_Free(starts);
-                starts = grown;
-                cap *= 2;
+                pos = nxt + 2;
+                continue;
             }
-            starts[count] = pos;
+            Facts f;
+            if (!event_facts(s, e, &f) || f.error || f.object_error)
+                break;  /* the caller's */
+            if (f.usage.valid)
+                usage = f.usage;
+            if (!f.choices) {  /* a usage chunk is not output: the client gets it only if it asked */
+                if (!include_usage && f.usage.valid) {
+                    if (put(&out, buf + copied, pos - copied))
+                        goto fail;
+                    changed = 1;
+                    copied = pos = nxt + 2;
+                    continue;
+                }
+            } else if (f.choices_is_list && f.has_text) {
+                tokens++;
+                if (pre == NULL && lp == NULL && f.choices_len == 1) {
+                    int got = learn(ev, elen, old, olen, new, nlen, &lp, &ls, &lc);
+                    if (got < 0)
+                        goto fail;
+                    if (got) {
+                        pre = PyBytes_AS_STRING(lp), plen = PyBytes_GET_SIZE(lp);
+                        suf = PyBytes_AS_STRING(ls), slen = PyBytes_GET_SIZE(ls);
+                        if (lc != NULL)
+                            cli = PyBytes_AS_STRING(lc), clen = PyBytes_GET_SIZE(lc);
+                    }
+                }
+            }
         }
-        count++;
+        /* relayed as it is, the model renamed (an SSE comment, a field we do not interpret, a chunk) */
+        if (old != NULL && find(ev, elen, old, olen) >= 0) {
+            if (put(&out, buf + copied, pos - copied) || put_renamed(&out, ev, elen, old, olen, new, nlen))
+                goto fail;
+            changed = 1;
+            copied = nxt;
+        }
         pos = nxt + 2;
     }
-    PyObject *renamed;
-    if (cap && count) {
-        renamed = renamed_run(buf, start, pos, starts, count, plen, client);
-        if (starts != small)
-            PyMem_Free(starts);
-        if (renamed == NULL)
-            return NULL;
+    PyObject *piece = NULL, *learned = NULL;
+    if (changed) {
+        if (put(&out, buf + copied, pos - copied))
+            goto fail;
+        if (_PyBytes_Resize(&out.bytes, out.len) < 0)
+            goto fail;
+        piece = out.bytes;
     } else {
-        renamed = Py_NewRef(Py_None);
+        piece = Py_NewRef(Py_None);
     }
-    PyObject *result = PyTuple_New(3);
-    PyObject *a = PyLong_FromSsize_t(pos), *b = PyLong_FromSsize_t(count);
-    if (result == NULL || a == NULL || b == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        Py_DECREF(renamed);
+    if (lp != NULL) {
+        learned = PyTuple_Pack(3, lp, ls, lc != NULL ? lc : Py_None);
+        Py_CLEAR(lp);
+        Py_CLEAR(ls);
+        Py_CLEAR(lc);
+        if (learned == NULL) {
+            Py_DECREF(piece);
+            return NULL;
+        }
+    } else {
+        learned = Py_NewRef(Py_None);
+    }
+    PyObject *read = usage_tuple(&usage);
+    if (read == NULL) {
+        Py_DECREF(piece);
+        Py_DECREF(learned);
         return NULL;
     }
-    PyTuple_SET_ITEM(result, 0, a);
-    PyTuple_SET_ITEM(result, 1, b);
-    PyTuple_SET_ITEM(result, 2, renamed);
-    return result;
+    return Py_BuildValue("(nNnONN)", pos, piece, tokens, done ? Py_True : Py_False, learned, read);
+fail:
+    Py_XDECREF(out.bytes);
+    Py_XDECREF(lp);
+    Py_XDECREF(ls);
+    Py_XDECREF(lc);
+    return NULL;
+}
+
+static PyObject *
+event_facts_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "event_facts(buf: bytes, start, end)");
+        return NULL;
+    }
+    Py_ssize_t start, end, n = PyBytes_GET_SIZE(args[0]);
+    if (!as_index(args[1], &start) || !as_index(args[2], &end))
+        return NULL;
+    if (start < 0 || start > end || end > n) {
+        PyErr_SetString(PyExc_ValueError, "event_facts: need 0 <= start <= end <= len(buf)");
+        return NULL;
+    }
+    cp buf = (cp)PyBytes_AS_STRING(args[0]);
+    Facts f;
+    if (!event_facts(buf + start, buf + end, &f))
+        Py_RETURN_NONE;
+    PyObject *usage = usage_tuple(&f.usage);
+    if (usage == NULL)
+        return NULL;
+    return Py_BuildValue("(ONOOnO)", f.error || f.object_error ? Py_True : Py_False, usage,
+                         f.choices ? Py_True : Py_False, f.choices_is_list ? Py_True : Py_False, f.choices_len,
+                         f.has_text ? Py_True : Py_False);
 }
 
 /* event_end(buf, pos, stop) -> where the first blank line at or after `pos` starts (its first LF;
@@ -182,18 +440,22 @@ event_end_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef methods[] = {
     {"event_end", (PyCFunction)(void (*)(void))event_end_py, METH_FASTCALL,
      "event_end(buf, pos, stop) -> the first blank line's start at or after pos, or -1"},
-    {"ordinary_run", (PyCFunction)(void (*)(void))ordinary_run, METH_FASTCALL,
-     "ordinary_run(buf, pos, stop, prefix, suffix, client, max_text) -> (end, count, renamed)"},
+    {"event_facts", (PyCFunction)(void (*)(void))event_facts_py, METH_FASTCALL,
+     "event_facts(buf, start, end) -> (error, usage, choices, choices_is_list, len(choices), has_text) or None"},
+    {"relay_run", (PyCFunction)(void (*)(void))relay_run, METH_FASTCALL,
+     "relay_run(buf, pos, stop, prefix, suffix, client, old, new, max_text, include_usage)"
+     " -> (end, piece, tokens, done, learned, usage)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_sse_scan", "The run of ordinary token events in an SSE read (see sse_scan.py).",
+    PyModuleDef_HEAD_INIT, "_sse_scan", "The SSE relay's walk over a read's complete events (see sse_scan.py).",
     0, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__sse_scan(void)
 {
+    json_facts_init();
     return PyModuleDef_Init(&module);
 }

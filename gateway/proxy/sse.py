@@ -9,11 +9,13 @@ client used, and normalise error events to OpenAI's nested shape.
 Why it is cheap: a stream's ordinary token events all begin with the same bytes (id, object, created,
 model, `"choices":[{"index":0,"delta":{"content":"`), so once the first token event has been parsed
 that prefix is known, and a read holding one such event with non-empty text is recognised with three
-byte comparisons, no JSON. A read holding many events (a whole short answer in one write) is
-walked an event at a time: an ordinary one costs one search for its end and two comparisons (and,
-when the model is renamed, the client's prefix in place of its own). Everything else (the role
-chunk, finish and usage chunks, errors, `[DONE]`, several choices, other runtimes' shapes) takes
-the general path, which parses the event (and renames the model in it).
+byte comparisons, no JSON. A read holding many events (a whole short answer in one write) is walked
+by `sse_scan.relay_run`: in the compiled build a C walk that passes ordinary events with a memcmp, a
+memchr and a memcmp (the client's prefix in place of its own when the model is renamed) and reads
+every other chunk's JSON in one pass without building it (role, finish and usage chunks, a first
+token event it learns the prefix from); what it leaves (errors, anything it is not sure of reading
+exactly as orjson would) takes the general path here, which parses the event (and renames the model
+in it). The pure build's walk passes ordinary events only.
 
 Framing follows the SSE standard: lines end with CRLF, LF or CR. A stream whose first line end holds a
 CR is normalised to LF for its whole length (the runtimes we know send LF). `data:[DONE]` without the
@@ -33,7 +35,7 @@ from backends.openai_compat import parse_usage
 
 from .. import json_codec
 from ..observability.outcome import Gaps
-from .sse_scan import event_end, ordinary_run
+from .sse_scan import Walk, event_end, has_text, relay_run
 
 # Final: the compiled build inlines them (a module global is a dict lookup at each use)
 DONE: Final = b"data: [DONE]\n\n"
@@ -68,6 +70,21 @@ def normalise_stream_error(payload: Any) -> ErrorBody:
     return ErrorBody(message=str(err or "An error occurred during streaming"), type="server_error")
 
 
+_SWAPS: Final[dict[tuple[str, str], tuple[bytes, bytes]]] = {}  # model renamings, made once per pair
+
+
+def _swap(backend_model: str, client_model: str) -> tuple[bytes, bytes]:
+    """The bytes of `"model":"<backend's>"` and of what replaces it (`"model":"<client's>"`)."""
+    key = (backend_model, client_model)
+    swap = _SWAPS.get(key)
+    if swap is None:
+        if len(_SWAPS) >= 1024:  # model names come from the config (and a reload): this bounds a churn of them
+            _SWAPS.clear()
+        swap = _SWAPS[key] = (b'"model":' + json_codec.dumps(backend_model),
+                              b'"model":' + json_codec.dumps(client_model))
+    return swap
+
+
 def _string_end(event: bytes, start: int) -> int:
     """Where the JSON string that starts at `start` (just past its opening quote) closes, or -1."""
     i = start
@@ -81,17 +98,6 @@ def _string_end(event: bytes, start: int) -> int:
         if backslashes % 2 == 0:
             return i
         i += 1
-
-
-def _has_text(choice: object) -> bool:
-    """Whether a streamed choice carries generated output (text, reasoning or a tool call)."""
-    if not isinstance(choice, dict):
-        return False
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                    or delta.get("tool_calls"))
-    return bool(choice.get("text"))
 
 
 @dataclass(slots=True)
@@ -149,8 +155,10 @@ class StreamRelay:
 
 class SseRelay(StreamRelay):
     def __init__(
-        self, *, backend_model: str, client_model: str, include_usage: bool
+        self, *, backend_model: str, client_model: str, include_usage: bool, run: Walk = relay_run
     ) -> None:
+        """`run`: the walk over a read's complete events (`sse_scan`: the C one where it is built)."""
+        self._run = run
         self._buf = b""
         self._cr: bool | None = None  # the stream uses CR line ends (decided on its first bytes)
         self._held_cr = False  # a CR ended the last read: it may be the first half of a CRLF
@@ -158,9 +166,7 @@ class SseRelay(StreamRelay):
         self._prefix: bytes | None = None  # how this stream's ordinary token events begin
         self._client_prefix: bytes | None = None  # the same, as the client gets it (model renamed)
         self._suffix = b""  # how they end, after the text (learned with the prefix)
-        self._swap: tuple[bytes, bytes] | None = None
-        if backend_model != client_model:
-            self._swap = (b'"model":' + json_codec.dumps(backend_model), b'"model":' + json_codec.dumps(client_model))
+        self._swap = _swap(backend_model, client_model) if backend_model != client_model else None
         self.stats = StreamStats(Gaps())
 
     def feed(self, data: bytes, now: float) -> bytes:
@@ -194,33 +200,38 @@ class SseRelay(StreamRelay):
             self._keep(buf)
             return b""
         self._keep(buf[end + 2:])
-        # Walk the complete events in place: runs of ordinary token events (told by the learned prefix
-        # and suffix: `sse_scan`) stay where they are, or get the client's prefix when the model is
-        # renamed (the model lies in it: `_learn`); only events that change (usage dropped, errors
-        # normalised, the model renamed) are cut out, and the others take the general path.
+        # Walk the complete events in place: `sse_scan.relay_run` relays what it can (runs of ordinary
+        # token events, told by the learned prefix and suffix, get the client's prefix when the model is
+        # renamed; the C walk also the chunks it can read without parsing them), and stops at an event
+        # it leaves to the general path here, which parses it (usage, errors, anything unusual).
         parts: list[bytes] | None = None  # the output in pieces, once anything differs from the input
         copied = 0  # buf[:copied] is in `parts`
         tokens = 0
         pos = 0
         stop = end + 2
         swap = self._swap
+        old, new = swap if swap is not None else (None, None)
         while pos < stop:
-            if prefix is not None:
-                run_end, n, renamed = ordinary_run(buf, pos, stop, prefix, self._suffix, self._client_prefix,
-                                                   MAX_TOKEN_TEXT)
-                tokens += n
-                if renamed is not None:
-                    if parts is None:
-                        parts = []
-                    parts.append(buf[copied:pos])
-                    parts.append(renamed)
-                    copied = run_end
-                pos = run_end
-                if pos >= stop:
-                    break
-            elif buf[pos] == 10:  # blank lines between events (the region ends with one, so this ends)
-                pos += 1
-                continue
+            run_end, piece, n, done, learned, usage = self._run(
+                buf, pos, stop, prefix, self._suffix, self._client_prefix, old, new, MAX_TOKEN_TEXT,
+                self._include_usage)
+            tokens += n
+            if done:
+                self.stats.done = True
+            if usage is not None:
+                self.stats.usage = Usage(usage[0], usage[1], usage[2])
+            if learned is not None:
+                prefix, self._suffix, self._client_prefix = learned
+                self._prefix = prefix
+            if piece is not None:
+                if parts is None:
+                    parts = []
+                parts.append(buf[copied:pos])
+                parts.append(piece)
+                copied = run_end
+            pos = run_end
+            if pos >= stop:
+                break
             nxt = event_end(buf, pos, stop)
             event = buf[pos:nxt]
             kept, is_token = self._event(event)
@@ -241,6 +252,8 @@ class SseRelay(StreamRelay):
             self._tokens(tokens, now)
         if parts is None:
             return buf[:stop] if stop < len(buf) else buf
+        if copied == stop and len(parts) == 2 and not parts[0]:
+            return parts[1]  # the walk relayed the whole read as one piece (the model renamed): no copy
         parts.append(buf[copied:stop])
         return b"".join(parts)
 
@@ -301,10 +314,10 @@ class SseRelay(StreamRelay):
         if not choices:
             # the usage-only chunk is not output: it reaches the client only if the client asked
             return (event if self._include_usage or usage is None else None), False
-        has_text = isinstance(choices, list) and any(_has_text(c) for c in choices)
-        if has_text and self._prefix is None and len(choices) == 1:
+        output = isinstance(choices, list) and any(has_text(c) for c in choices)
+        if output and self._prefix is None and len(choices) == 1:
             self._learn(event)
-        return event, has_text
+        return event, output
 
     def _learn(self, event: bytes) -> None:
         """Remember how this stream's ordinary token events begin: up to where the text starts. When

@@ -53,3 +53,20 @@ def test_an_installed_wheel_is_not_checked(tmp_path: Path) -> None:
         age(so, 10)
     assert stale(root)
     check(root)
+
+
+def test_a_c_extension_is_stale_when_any_c_source_or_header_beside_it_is_newer(tmp_path: Path) -> None:
+    root = checkout(tmp_path)
+    for rel in ("gateway/proxy/_scan.c", "gateway/proxy/_facts.c", "gateway/proxy/_facts.h"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+        age(root / rel, 20)
+    (root / f"gateway/proxy/_scan{SUFFIX}").write_bytes(b"")
+    for source in root.rglob("*.py"):
+        age(source, 20)
+    for so in root.rglob("*.so"):
+        age(so, 10)
+    assert "gateway/proxy/_scan.c" in compiled(root)
+    assert stale(root) == []
+    age(root / "gateway/proxy/_facts.h", -30)  # a header edited after the build
+    assert stale(root) == ["gateway/proxy/_facts.h"]
