@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from backends.base import ErrorBody, Usage
-from backends.openai_compat import parse_usage
 
 from .. import json_codec
 from ..observability.outcome import Gaps
-from .sse_scan import Walk, event_end, has_text, relay_run
+from .sse_scan import Walk, event_end, facts_of, relay_run
 
 # Final: the compiled build inlines them (a module global is a dict lookup at each use)
 DONE: Final = b"data: [DONE]\n\n"
@@ -302,20 +301,19 @@ class SseRelay(StreamRelay):
                 stats.error = normalise_stream_error({"error": body.decode("utf-8", "replace")})
                 return error_event(stats.error)[:-2], False
             return event, False
-        if not isinstance(payload, dict):
+        facts = facts_of(payload)  # (what the C walk reads without parsing: `sse_scan`)
+        if facts is None:
             return event, False
-        if "error" in payload or payload.get("object") == "error":
+        error, usage, choices, _, n, output = facts
+        if error:
             stats.error = normalise_stream_error(payload)
             return error_event(stats.error)[:-2], False
-        usage = parse_usage(payload)
         if usage is not None:
-            stats.usage = usage
-        choices = payload.get("choices")
+            stats.usage = Usage(usage[0], usage[1], usage[2])
         if not choices:
             # the usage-only chunk is not output: it reaches the client only if the client asked
             return (event if self._include_usage or usage is None else None), False
-        output = isinstance(choices, list) and any(has_text(c) for c in choices)
-        if output and self._prefix is None and len(choices) == 1:
+        if output and self._prefix is None and n == 1:
             self._learn(event)
         return event, output
 
