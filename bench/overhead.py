@@ -15,8 +15,10 @@ each over the same set of targets (bench/targets.py: direct, gateway, pure, lean
   per-request work that a and b measure; also the amortised figure (CPU per response of the gateway
   − of lean) / events per response at 64 tokens.
 
-Rounds are interleaved: round 1 measures every target of a, b and c, round 2 again, ...; figures are
-medians over rounds and ratios are medians of the per-round ratios (bench/report.py). The other parts,
+Rounds are interleaved: round 1 measures every target of a, b and c, round 2 again, ..., each round
+with the gateway's comparisons next to it, in an order reversed every other round
+(`targets.measuring_order`); figures are medians over rounds and ratios are medians of the per-round
+ratios (bench/report.py). The other parts,
 run unless `--only` leaves them out: **sweep** (non-streaming at c = 1, 8, 256), **ttft** (time to first
 token, sequential), **openloop** (fixed request rates), **profile** (py-spy), **streams** (10,000 slow
 concurrent streams through one gateway worker). Results: bench/results/overhead.md (+ .json, PNG plots,
@@ -287,10 +289,10 @@ def _run(plan: Plan, res: Results, out: Path, tmp: Path, started: list[Any], cho
                         duration_s=plan.warmup_s)
                 done()
 
-        # a, b and c: every round measures every target of each, in turn.
+        # a, b and c: every round measures every target of each, in turn (`targets.measuring_order`).
         for rnd in range(plan.rounds):
             for key, fam in measured:
-                for t in fam.targets:
+                for t in targets.measuring_order(fam.targets, rnd):
                     step(f"{key} c={plan.concurrency} {t.name} (round {rnd + 1}/{plan.rounds})")
                     res.points.append(measure.point(key, t, fam.upstream, body=fam.body, script=script,
                                                     conns=plan.concurrency, duration_s=plan.duration_s, rnd=rnd,

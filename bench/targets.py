@@ -48,6 +48,22 @@ class Target:
         return procs.group_read_calls(self.pgid) if self.name in PYTHON else None
 
 
+# The order a round measures them in: the gateway's comparisons nearest to it (the Rust routers, the
+# previous commit, the plain relay), so that each ratio pairs two runs a few seconds apart; a shared
+# machine's bursts of other work (`others' CPU` in the report) last seconds to a minute, and a pair
+# measured a minute apart takes one burst on one side only. `measuring_order` reverses it every other
+# round, so no target always follows the same neighbour.
+MEASURE_ORDER = ("gateway", "vllm-router", "baseline", "lean", "smg", "sglang-router", "pure", "direct", "naive",
+                 "trace-1%", "trace-100%", "litellm")
+
+
+def measuring_order(targets: Sequence[Target], rnd: int) -> list[Target]:
+    """`targets` in MEASURE_ORDER, reversed in odd rounds."""
+    ordered = sorted(targets, key=lambda t: MEASURE_ORDER.index(t.name) if t.name in MEASURE_ORDER
+                     else len(MEASURE_ORDER))
+    return ordered[::-1] if rnd % 2 else ordered
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     pure_sources: Path | None  # None: the gateway is pure Python already (no `make native`)
