@@ -344,9 +344,12 @@ class Hub:
     async def workers_doc(self) -> dict[str, Any]:
         rows = []
         for conn, answer in await self._each("identity", timeout_s=5.0):
-            row = {"worker": conn.slot, "pid": conn.pid, "up_s": self._clock() - conn.connected_at}
+            row: dict[str, Any] = {"worker": conn.slot, "pid": conn.pid, "ready": conn.ready,  # not ready: still
+                                   "up_s": self._clock() - conn.connected_at}  # building, no generation yet
             if isinstance(answer, dict):
                 row.update(answer)
+            elif conn.ready:  # a built worker that did not answer in time (its loop stalled, or it is gone)
+                row["error"] = f"{type(answer).__name__}: {answer}"
             rows.append(row)
         return {"workers": sorted(rows, key=lambda r: int(r["worker"])), "expected": self.expected_workers,
                 "down": self.slots_down(), "restarts": self.restart_count, "generation": self.generation,

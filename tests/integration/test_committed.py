@@ -38,15 +38,15 @@ def workers_doc_unless_reset(gw: GatewayProcess) -> dict[str, Any] | None:
 
 
 def kill_a_worker(gw: GatewayProcess, slot: int = 0) -> int:
-    """SIGKILL the worker of `slot`, found in `/admin/workers`; wait until its replacement has
-    connected and been counted. The replacement's pid."""
+    """SIGKILL the worker of `slot`, found in `/admin/workers`; wait until its replacement is
+    built (`ready`) and counted. The replacement's pid."""
     before = workers_doc(gw)
     victim = next(r["pid"] for r in before["workers"] if r["worker"] == slot)
     kill_and_wait_gone(victim)
     doc = wait_for(lambda: workers_doc_unless_reset(gw),
                    lambda d: d is not None and len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]}
-                   and d["restarts"] == before["restarts"] + 1,
-                   timeout=60, what="a replacement worker, connected and counted")
+                   and d["restarts"] == before["restarts"] + 1 and all(r["ready"] for r in d["workers"]),
+                   timeout=60, what="a replacement worker, built, serving and counted")
     assert doc is not None
     return int(next(r["pid"] for r in doc["workers"] if r["pid"] not in {w["pid"] for w in before["workers"]}))
 
@@ -197,7 +197,8 @@ def test_a_worker_restarting_during_a_reload_ends_on_the_committed_generation(
     assert reply.status_code == 200
     assert reply.json()["generation"] == 2
     doc = wait_for(lambda: workers_doc(gw),
-                   lambda d: len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]},
-                   timeout=60, what="the replacement connected")
+                   lambda d: len(d["workers"]) == 2 and victim not in {r["pid"] for r in d["workers"]}
+                   and all(r["ready"] for r in d["workers"]),
+                   timeout=60, what="the replacement built and serving")
     assert {r["generation"] for r in doc["workers"]} == {2}
     assert [chat(gw, "added").status_code for _ in range(20)] == [200] * 20

@@ -152,3 +152,27 @@ async def test_a_refused_file_is_refused_by_the_hub_before_any_worker_hears_of_i
     assert refused.value.errors[0].startswith("<yaml>:")
     assert [w.calls for w in rig.workers] == [[], []]
     assert rig.hub.generation == 1
+
+
+async def test_a_worker_still_building_is_listed_as_not_ready_without_a_generation(rig: Rig, tmp_path: Path) -> None:
+    """A replacement is in `/admin/workers` from its hello; until it has built and attached it answers
+    nothing (issue 26's CI: a row without a generation was read as a built worker's)."""
+    starting = Worker(2)
+    reader, writer = await asyncio.open_unix_connection(str(tmp_path / "hub.sock"))
+    starting.channel = Channel(reader, writer, {}, name="worker-2")
+    starting.task = asyncio.create_task(starting.channel.run())
+    try:
+        await starting.channel.call("hello", {"slot": 2, "pid": 4242})  # no "identity" handler yet
+        doc = await rig.hub.workers_doc()
+        row = next(r for r in doc["workers"] if r["worker"] == 2)
+        assert row["ready"] is False
+        assert "generation" not in row
+        assert "error" not in row
+        assert [r["ready"] for r in doc["workers"] if r["worker"] != 2] == [True, True]
+        starting.channel.handle("identity", lambda _: {"pid": 4242, "generation": 1})
+        await starting.channel.call("state")
+        row = next(r for r in (await rig.hub.workers_doc())["workers"] if r["worker"] == 2)
+        assert row["ready"] is True
+        assert row["generation"] == 1
+    finally:
+        await starting.close()
