@@ -32,7 +32,7 @@ RUN apt-get update \
 # type-checks against. This layer survives every edit but a change of dependencies.
 COPY --from=requirements /requirements.txt /tmp/requirements.txt
 RUN python3 -m venv /opt/build \
- && /opt/build/bin/pip install --upgrade pip "setuptools>=68" wheel "mypy>=1.11" types-PyYAML \
+ && /opt/build/bin/pip install --upgrade pip "setuptools>=77" wheel "mypy>=1.11" types-PyYAML \
  && /opt/build/bin/pip install -r /tmp/requirements.txt
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=77'  # a licence as an SPDX string (PEP 639)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
