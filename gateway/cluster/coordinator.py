@@ -62,6 +62,7 @@ class Local:
         self.fleet = fleet
         self._fleet_docs: dict[tuple[int, int], dict[str, Any]] = {}
         self._fleet_comparer: Comparer | None = None
+        self._started = clock()
 
     def weights(self, model: str) -> dict[str, float]:
         return proxy_of(self._generations.current).weights(model)
@@ -113,5 +114,8 @@ class Local:
         return {**doc, "now_s": now}
 
     async def workers(self) -> dict[str, Any]:
-        return {"workers": [{"worker": 0, "pid": os.getpid(), "requests": self._served()}], "expected": 1,
-                "down": [], "restarts": 0, "answered_by": 0}
+        """The hub's document (`Hub.workers_doc`) for a gateway of one process."""
+        generation = self._generations.current.number
+        return {"workers": [{"worker": 0, "pid": os.getpid(), "ready": True, "up_s": self._clock() - self._started,
+                             "requests": self._served(), "generation": generation}],
+                "expected": 1, "down": [], "restarts": 0, "generation": generation, "answered_by": 0}

@@ -113,6 +113,9 @@ def test_reload_is_atomic_and_in_flight_requests_finish_on_their_config(
     assert {m["id"] for m in gw.get("/v1/models").json()["data"]} == {"moe", "new"}
     assert gw.post("/v1/chat/completions", json=CHAT).headers["x-gateway-backend"] == "b"
     assert [x["name"] for x in gw.get("/admin/backends").json()["backends"]] == ["b"]
+    workers = gw.get("/admin/workers").json()  # one process: the supervisor's document, its one row
+    assert workers["generation"] == 2
+    assert [(r["ready"], r["generation"]) for r in workers["workers"]] == [(True, 2)]
 
     raw = read_to_end(stalled)  # the stream that started on generation 1 now runs to its end there
     assert b"x-gateway-backend: a" in raw.lower()
