@@ -187,6 +187,27 @@ jnumber(J *j, int *truthy, int *is_int, long long *value)
 
 static int jvalue(J *j, int *truthy);
 
+/* After a member or element: 1 at a ',' (skipped, j->p at the next one), 0 at `close` (skipped,
+   the container ends), -1 at anything else. */
+static inline int
+separator(J *j, char close)
+{
+    ws(j);
+    if (j->p >= j->end)
+        return -1;
+    if (*j->p == ',') {
+        j->p++;
+        ws(j);
+        return 1;
+    }
+    if (*j->p == close) {
+        j->p++;
+        j->depth--;
+        return 0;
+    }
+    return -1;
+}
+
 /* The object at j->p: `member` reads each member's value (j->p at it) given its key. */
 static int
 jobject(J *j, member_fn member, void *ctx, int *nonempty)
@@ -215,19 +236,9 @@ jobject(J *j, member_fn member, void *ctx, int *nonempty)
         if (member(j, key, klen, kesc, ctx))
             return J_UNSURE;
         *nonempty = 1;
-        ws(j);
-        if (j->p >= j->end)
-            return J_UNSURE;
-        if (*j->p == ',') {
-            j->p++;
-            ws(j);
-        } else if (*j->p == '}') {
-            j->p++;
-            j->depth--;
-            return J_OK;
-        } else {
-            return J_UNSURE;
-        }
+        int more = separator(j, '}');
+        if (more <= 0)
+            return more < 0 ? J_UNSURE : J_OK;
     }
 }
 
@@ -258,19 +269,9 @@ jarray(J *j, int (*element)(J *j, void *ctx), void *ctx, Py_ssize_t *count)
         if (element != NULL ? element(j, ctx) : jvalue(j, &t))
             return J_UNSURE;
         (*count)++;
-        ws(j);
-        if (j->p >= j->end)
-            return J_UNSURE;
-        if (*j->p == ',') {
-            j->p++;
-            ws(j);
-        } else if (*j->p == ']') {
-            j->p++;
-            j->depth--;
-            return J_OK;
-        } else {
-            return J_UNSURE;
-        }
+        int more = separator(j, ']');
+        if (more <= 0)
+            return more < 0 ? J_UNSURE : J_OK;
     }
 }
 
