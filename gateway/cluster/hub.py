@@ -243,10 +243,16 @@ class Hub:
         return {"committed": self.committed.wire(), "probes": [] if self.probes is None else self.probes.snapshot(),
                 "overrides": {m: w for m, (_, w) in self.overrides.items()}, "generation": self.generation}
 
+    def _ready(self) -> list[WorkerConn]:
+        """The workers that are built and serving. One still building has nothing to answer with (its
+        handlers are attached last) and may be too busy to say so until a call's timeout; it adopts
+        the hub's state as it is when it attaches (`state`), so no change made meanwhile is lost."""
+        return [c for c in self.workers.values() if c.ready]
+
     async def _each(self, method: str, body: Any = None, *,
                     timeout_s: float = CALL_TIMEOUT_S) -> list[tuple[WorkerConn, Any]]:
-        """Ask every live worker at once; a worker that fails or is gone answers its exception."""
-        conns = list(self.workers.values())
+        """Ask every ready worker at once; a worker that fails or is gone answers its exception."""
+        conns = self._ready()
         answers = await asyncio.gather(*(c.channel.call(method, body, timeout_s=timeout_s) for c in conns),
                                        return_exceptions=True)
         return [(c, a) for c, a in zip(conns, answers, strict=True)]
@@ -313,7 +319,7 @@ class Hub:
                 raise ReloadRejected(["<config>: started without --config (demo fleet): nothing to reload"])
             current = self.committed
             proposal = await commit.reload(current, self._config_path, self._commit,
-                                           lambda: [c for c in self.workers.values() if c.ready])
+                                           self._ready)
             restart = restart_required(current.settings, proposal.settings)
             log.info("config reloaded on %d workers: generation %d%s", len(self.workers), proposal.number,
                      f" (restart required for {', '.join(restart)})" if restart else "")
@@ -342,13 +348,14 @@ class Hub:
     # -- the workers, for operators -----------------------------------------------------------------
 
     async def workers_doc(self) -> dict[str, Any]:
+        building = [c for c in self.workers.values() if not c.ready]  # listed, not asked: no generation yet
         rows = []
-        for conn, answer in await self._each("identity", timeout_s=5.0):
-            row: dict[str, Any] = {"worker": conn.slot, "pid": conn.pid, "ready": conn.ready,  # not ready: still
-                                   "up_s": self._clock() - conn.connected_at}  # building, no generation yet
+        for conn, answer in [*await self._each("identity", timeout_s=5.0), *((c, None) for c in building)]:
+            row: dict[str, Any] = {"worker": conn.slot, "pid": conn.pid, "ready": conn.ready,
+                                   "up_s": self._clock() - conn.connected_at}
             if isinstance(answer, dict):
                 row.update(answer)
-            elif conn.ready:  # a built worker that did not answer in time (its loop stalled, or it is gone)
+            elif answer is not None:  # a built worker that did not answer in time (its loop stalled, or it is gone)
                 row["error"] = f"{type(answer).__name__}: {answer}"
             rows.append(row)
         return {"workers": sorted(rows, key=lambda r: int(r["worker"])), "expected": self.expected_workers,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,21 +155,34 @@ async def test_a_refused_file_is_refused_by_the_hub_before_any_worker_hears_of_i
 
 
 async def test_a_worker_still_building_is_listed_as_not_ready_without_a_generation(rig: Rig, tmp_path: Path) -> None:
-    """A replacement is in `/admin/workers` from its hello; until it has built and attached it answers
-    nothing (issue 26's CI: a row without a generation was read as a built worker's)."""
+    """A replacement is in `/admin/workers` from its hello; until it has built and attached, the hub
+    asks it nothing, there or anywhere (issue 26's CI: a row without a generation was read as a
+    built worker's; a worker busy building could hold a scrape up to the call's timeout)."""
     starting = Worker(2)
     reader, writer = await asyncio.open_unix_connection(str(tmp_path / "hub.sock"))
     starting.channel = Channel(reader, writer, {}, name="worker-2")
+    asked: list[str] = []
+
+    def answer(method: str) -> Callable[[Any], dict[str, Any]]:
+        def handler(_: Any) -> dict[str, Any]:
+            asked.append(method)
+            return {"pid": 4242, "generation": 1}
+        return handler
+
+    for method in ("identity", "collect", "stats", "apply_weights"):
+        starting.channel.handle(method, answer(method))
     starting.task = asyncio.create_task(starting.channel.run())
     try:
-        await starting.channel.call("hello", {"slot": 2, "pid": 4242})  # no "identity" handler yet
+        await starting.channel.call("hello", {"slot": 2, "pid": 4242})
         doc = await rig.hub.workers_doc()
         row = next(r for r in doc["workers"] if r["worker"] == 2)
         assert row["ready"] is False
         assert "generation" not in row
         assert "error" not in row
-        assert [r["ready"] for r in doc["workers"] if r["worker"] != 2] == [True, True]
-        starting.channel.handle("identity", lambda _: {"pid": 4242, "generation": 1})
+        assert [(r["ready"], "error" in r) for r in doc["workers"] if r["worker"] != 2] == [(True, True)] * 2
+        await rig.hub.metrics("text/plain")
+        await rig.hub.compare(60, "replica")
+        assert asked == []
         await starting.channel.call("state")
         row = next(r for r in (await rig.hub.workers_doc())["workers"] if r["worker"] == 2)
         assert row["ready"] is True
